@@ -1,0 +1,49 @@
+"""The exception family of fleet.
+
+Every error a user can see is one of these (or a builtin ``TypeError`` where Paddle
+raises one and scripts may catch it). Each message names the bad value and the fix.
+The classes also derive from the builtin Paddle raised in the same situation
+(``ValueError``, ``RuntimeError``, ``TimeoutError``) so code written for Paddle that
+catches those keeps working.
+"""
+
+
+class FleetError(Exception):
+    """Base class of every fleet error."""
+
+
+class ConfigError(FleetError, ValueError):
+    """A setting (strategy, config, argument) has a value fleet cannot use."""
+
+
+class RoleError(FleetError, ValueError):
+    """The role of this process cannot be determined (bad or missing environment)."""
+
+
+class DataError(FleetError, ValueError):
+    """Input data is malformed; the message names file, line and field."""
+
+
+class TransportError(FleetError, ConnectionError):
+    """A message could not be sent, received or decoded."""
+
+
+class FleetTimeoutError(TransportError, TimeoutError):
+    """A blocking wait ran out of time; the message names who did not answer."""
+
+
+class ServerError(FleetError, RuntimeError):
+    """A parameter server answered a request with an error.
+
+    Args:
+        endpoint: "host:port" of the server that answered.
+        message: the server's own description of what went wrong.
+    """
+
+    def __init__(self, endpoint, message):
+        self.endpoint = endpoint
+        self.message = message
+        super().__init__(f"server {endpoint} failed: {message}")
+
+    def __reduce__(self):
+        return (type(self), (self.endpoint, self.message))
