@@ -5,22 +5,61 @@ The public API is module level, as in PaddlePaddle Fleet 1.x::
     import fleet
     fleet.init(role_maker)
     fleet.distributed_optimizer(optimizer, strategy).minimize(loss)
+    if fleet.is_server(): fleet.init_server(); fleet.run_server()
+    elif fleet.is_worker(): fleet.init_worker(); ...; fleet.stop_worker()
 
-Names are resolved lazily so that importing a low layer (``fleet.errors``,
+Names are resolved lazily (PEP 562) so that importing a low layer (``fleet.errors``,
 ``fleet.kernels``) does not pull in the whole framework, and ``import fleet`` compiles
-nothing.
+nothing. ``fleet.main_program`` / ``fleet.startup_program`` always show the programs of
+the latest ``minimize``.
 """
 import importlib
 
+# methods of the Fleet singleton exposed as module functions
+_FLEET_METHODS = (
+    "init", "is_worker", "is_server", "is_first_worker", "is_local", "worker_index", "worker_num",
+    "server_index", "server_num", "worker_endpoints", "server_endpoints", "split_files",
+    "barrier_worker", "distributed_optimizer", "init_worker", "init_server", "run_server",
+    "stop_worker", "save_persistables", "load_persistables",
+)
+_FLEET_ATTRS = ("main_program", "startup_program")
+
 # public name -> module that defines it
-_EXPORTS = {}
+_EXPORTS = {
+    "Executor": "fleet.framework.executor",
+    "Program": "fleet.framework.program",
+    "Variable": "fleet.framework.program",
+    "Parameter": "fleet.framework.program",
+    "default_main_program": "fleet.framework.program",
+    "default_startup_program": "fleet.framework.program",
+    "program_guard": "fleet.framework.program",
+    "global_scope": "fleet.framework.scope",
+    "scope_guard": "fleet.framework.scope",
+    "Scope": "fleet.framework.scope",
+    "LoDTensor": "fleet.framework.tensor",
+    "SparseRows": "fleet.framework.tensor",
+    "FetchHandler": "fleet.framework.trainer",
+    "append_backward": "fleet.framework.backward",
+    "ParamAttr": "fleet.param_attr",
+    "CPUPlace": "fleet.framework.place",
+    "DatasetFactory": "fleet.dataset",
+    "Fleet": "fleet.base",
+    "DistributedOptimizer": "fleet.base",
+}
 
-_SUBMODULES = {"layers", "optimizer", "initializer", "errors", "data_generator"}
+_SUBMODULES = {"layers", "optimizer", "initializer", "errors", "data_generator", "framework",
+               "kernels", "dataset"}
 
-__all__ = sorted(set(_EXPORTS) | _SUBMODULES)
+__all__ = sorted(set(_EXPORTS) | _SUBMODULES | set(_FLEET_METHODS) | set(_FLEET_ATTRS))
+
+
+def _singleton():
+    return importlib.import_module("fleet.base").fleet
 
 
 def __getattr__(name):
+    if name in _FLEET_METHODS or name in _FLEET_ATTRS:
+        return getattr(_singleton(), name)
     if name in _SUBMODULES:
         return importlib.import_module(f"fleet.{name}")
     module = _EXPORTS.get(name)

@@ -1,1 +1,15 @@
+"""Model-building layers (Paddle's ``fluid.layers``): each appends ops to the current main
+program (and parameter initializers to the startup program) and returns its output."""
+from fleet.layers.io import data
+from fleet.layers.nn import (concat, embedding, fc, sequence_pool, reshape, scale, cast,
+                             fill_constant, create_parameter)
+from fleet.layers.math import (relu, sigmoid, tanh, softmax, mean, reduce_sum, elementwise_add,
+                               elementwise_sub, elementwise_mul, elementwise_div, sums)
+from fleet.layers.loss import cross_entropy, log_loss, sigmoid_cross_entropy_with_logits
+from fleet.layers.metric import accuracy, auc
 
+__all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "reshape", "scale", "cast",
+           "fill_constant", "create_parameter", "relu", "sigmoid", "tanh", "softmax", "mean",
+           "reduce_sum", "elementwise_add", "elementwise_sub", "elementwise_mul",
+           "elementwise_div", "sums", "cross_entropy", "log_loss",
+           "sigmoid_cross_entropy_with_logits", "accuracy", "auc"]

@@ -1,0 +1,309 @@
+"""The Fleet singleton behind the module-level API of ``fleet``.
+
+One ``Fleet`` per process: ``init`` decides the role, ``distributed_optimizer(...).minimize``
+builds this role's programs, and the lifecycle calls (``init_worker``, ``run_server``,
+``stop_worker``...) start and stop the runtime. With no servers (``LocalRoleMaker``, or
+``PaddleCloudRoleMaker`` without ``TRAINING_ROLE``) the same script trains locally: the
+programs are the defaults and the lifecycle calls have nothing to connect.
+
+Thread-safety: the lifecycle calls are meant for the main thread; the role getters are
+safe anywhere.
+"""
+import logging
+import os
+
+from fleet.errors import ConfigError
+from fleet.framework import io as fio
+from fleet.framework.executor import Executor
+from fleet.framework.program import Program, default_main_program, default_startup_program
+from fleet.framework.scope import global_scope
+from fleet.optimizer import Optimizer
+from role_makers import PaddleCloudRoleMaker, RoleMakerBase
+from strategies import (DistributeTranspilerConfig, DistributedStrategy, check_strategy,
+                        strategy_from_config, DistributedStrategyFactory)
+
+log = logging.getLogger("fleet")
+
+
+class Fleet:
+    """Parameter-server training for one process (worker, server, or local)."""
+
+    def __init__(self):
+        self._role_maker = None
+        self._is_initialized = False
+        self._optimizer = None
+        self._strategy = None
+        self._origin_program = None
+        self.main_program = None
+        self.startup_program = None
+        self._runtime = None
+        self._executor = None
+
+    # ------------------------------------------------------------- roles
+    def init(self, role_maker=None):
+        """Decides this process's role.
+
+        Args:
+            role_maker: a ``role_makers`` object; default ``PaddleCloudRoleMaker()``, which
+                reads Paddle's environment variables (and trains locally when
+                ``TRAINING_ROLE`` is unset).
+
+        Raises:
+            TypeError: role_maker is not a RoleMakerBase.
+            RoleError: the environment does not describe a valid role.
+        """
+        if role_maker is None:
+            role_maker = PaddleCloudRoleMaker()
+        if not isinstance(role_maker, RoleMakerBase):
+            raise TypeError("role_maker must be an instance of RoleMakerBase")
+        role_maker.generate_role()
+        self._role_maker = role_maker
+        self._is_initialized = True
+        self._executor = Executor()
+        self._runtime = None
+        self.main_program = self.startup_program = None
+        return self
+
+    def _rm(self):
+        if not self._is_initialized:
+            raise ConfigError("fleet is not initialized: call fleet.init(role_maker) first")
+        return self._role_maker
+
+    def is_local(self):
+        """True when this process trains alone (no parameter servers)."""
+        rm = self._rm()
+        return rm.is_local() if hasattr(rm, "is_local") else not rm.get_pserver_endpoints()
+
+    def is_worker(self):
+        return self._rm().is_worker()
+
+    def is_server(self):
+        return self._rm().is_server()
+
+    def is_first_worker(self):
+        return self._rm().is_first_worker()
+
+    def worker_index(self):
+        return self._rm().worker_index()
+
+    def worker_num(self):
+        return self._rm().worker_num()
+
+    def server_index(self):
+        return self._rm().server_index()
+
+    def server_num(self):
+        return len(self._rm().get_pserver_endpoints())
+
+    def worker_endpoints(self, to_string=False):
+        eps = list(self._rm().get_trainer_endpoints())
+        return ",".join(eps) if to_string else eps
+
+    def server_endpoints(self, to_string=False):
+        eps = list(self._rm().get_pserver_endpoints())
+        return ",".join(eps) if to_string else eps
+
+    def split_files(self, files):
+        """Returns this worker's contiguous share of ``files``: ``len(files) // workers``
+        each, the first ``len(files) % workers`` workers one more.
+
+        Raises:
+            TypeError: files is not a list (Paddle's message).
+        """
+        if not isinstance(files, list):
+            raise TypeError("files should be a list of file need to be read.")
+        trainers = self.worker_num()
+        trainer_id = self.worker_index()
+        blocksize = len(files) // trainers
+        remainder = len(files) % trainers
+        begin = trainer_id * blocksize + min(trainer_id, remainder)
+        end = begin + blocksize + (1 if trainer_id < remainder else 0)
+        return files[begin:end]
+
+    def barrier_worker(self, timeout=None):
+        """Blocks until every worker called it (timeout names the missing workers).
+
+        Local training has one worker, so it returns at once.
+        """
+        self._rm()
+        if self._runtime is not None and hasattr(self._runtime, "barrier_worker"):
+            return self._runtime.barrier_worker(timeout)
+        if not self.is_local() and self.worker_num() > 1:
+            raise ConfigError("barrier_worker needs the workers connected: call fleet.init_worker() first")
+        return None
+
+    def _all_to_all(self, blobs):
+        """Exchanges byte strings between workers (used by InMemoryDataset.global_shuffle)."""
+        if self._runtime is not None and hasattr(self._runtime, "all_to_all"):
+            return self._runtime.all_to_all(blobs)
+        if self.worker_num() == 1:
+            return list(blobs)
+        raise ConfigError("exchanging data between workers needs fleet.init_worker() first")
+
+    # ------------------------------------------------------------- building
+    def distributed_optimizer(self, optimizer, strategy=None):
+        """Wraps ``optimizer`` so that ``minimize`` builds this role's programs.
+
+        Args:
+            optimizer: a ``fleet.optimizer`` object.
+            strategy: a strategy from ``DistributedStrategyFactory`` or a
+                ``DistributeTranspilerConfig`` (default: sync, as Paddle 1.7).
+
+        Raises:
+            ValueError: fleet.init was not called, or optimizer is not an Optimizer.
+            TypeError: strategy has the wrong type.
+        """
+        if not isinstance(optimizer, Optimizer):
+            raise ValueError("optimizer must be an instance of Optimizer")
+        if not self._is_initialized:
+            raise ValueError(
+                "use fleet.init(role) to initialize the role of current node before optimizer.minimize(loss)")
+        if strategy is None:
+            strategy = DistributedStrategyFactory.create_sync_strategy()
+        check_strategy(strategy, "pserver")
+        self._optimizer = DistributedOptimizer(self, optimizer, strategy)
+        return self._optimizer
+
+    def _transpile(self, strategy, loss):
+        if isinstance(strategy, DistributeTranspilerConfig):
+            strategy = strategy_from_config(strategy)
+        self._strategy = strategy
+        main = loss.block.program
+        startup = main._paired or default_startup_program()
+        main._build_strategy = strategy.get_build_strategy()
+        self._origin_program = main.clone(for_test=False)
+        if self.is_local():
+            self.main_program, self.startup_program = main, startup
+            return
+        from fleet.runtime import build_runtime  # distributed roles only
+
+        self._runtime = build_runtime(self, strategy, main, startup, self._optimizer._optimizer)
+        self.main_program, self.startup_program = self._runtime.programs()
+
+    # ------------------------------------------------------------- lifecycle
+    def _need_minimize(self, what):
+        if self.main_program is None:
+            raise ValueError(f"{what} is None, need invoke DistributedOptimizer.minimize first")
+
+    def init_server(self, model_dir=None):
+        """Prepares this server's tables (optionally loaded from ``model_dir``)."""
+        self._need_minimize("startup_program")
+        if not self.is_server():
+            raise ConfigError("init_server() is for servers; this process is a worker (check TRAINING_ROLE)")
+        if model_dir is not None and not os.path.isdir(model_dir):
+            raise ValueError(f"There is no directory named '{model_dir}'")
+        self._runtime.init_server(model_dir)
+
+    def run_server(self):
+        """Serves until every worker has called ``stop_worker()``; blocks."""
+        self._need_minimize("main_program")
+        if not self.is_server():
+            raise ConfigError("run_server() is for servers; this process is a worker (check TRAINING_ROLE)")
+        self._runtime.run_server()
+
+    def init_worker(self):
+        """Connects to the servers (waiting for them, bounded) and pulls the initial
+        parameters. Local training has no servers, so there is nothing to connect."""
+        self._need_minimize("main_program")
+        if self.is_server():
+            raise ConfigError("init_worker() is for workers; this process is a server (check TRAINING_ROLE)")
+        if self._runtime is not None:
+            self._runtime.init_worker()
+
+    def stop_worker(self):
+        """Flushes pending updates and tells the servers this worker is done."""
+        if self._runtime is not None and self.is_worker():
+            self._runtime.stop_worker()
+        if self._executor is not None:
+            self._executor.close()
+
+    # ------------------------------------------------------------- saving
+    def _persistable_names(self, program):
+        return [v.name for v in program.list_vars() if v.persistable and not v.is_data]
+
+    def save_persistables(self, executor, dirname, main_program=None):
+        """Saves every parameter and optimizer state of ``main_program`` to ``dirname``
+        atomically (see ``fleet.framework.io``). On a distributed worker the values are
+        pulled whole from the servers.
+
+        Raises:
+            TypeError: executor is not a fleet Executor, main_program not a Program.
+        """
+        if not isinstance(executor, Executor):
+            raise TypeError("in fleet.save_persistables() function, executor must be as Executor type")
+        program = main_program or self.main_program or default_main_program()
+        if not isinstance(program, Program):
+            raise TypeError("in fleet.save_persistables() function, main_program must be as Program type")
+        if self._runtime is not None and hasattr(self._runtime, "save_persistables"):
+            return self._runtime.save_persistables(dirname, program)
+        scope = global_scope()
+        arrays = {}
+        for name in self._persistable_names(program):
+            value = scope.find_var(name)
+            if value is not None:
+                arrays[name] = value
+        return fio.write_vars(dirname, arrays, {"program_vars": sorted(arrays)})
+
+    def load_persistables(self, executor, dirname, main_program=None):
+        """Loads what ``save_persistables`` wrote into the global scope, in place where the
+        variable already exists (so arrays held by users stay live).
+
+        Raises:
+            ConfigError / DataError: missing directory, incomplete save, corrupt file.
+        """
+        if not isinstance(executor, Executor):
+            raise TypeError("in fleet.load_persistables() function, executor must be as Executor type")
+        program = main_program or self.main_program or default_main_program()
+        names = [n for n in self._persistable_names(program)]
+        manifest = fio.read_manifest(dirname)
+        missing = [n for n in names if n not in manifest["vars"]]
+        if missing:
+            raise ConfigError(
+                f"{dirname!r} lacks {missing[:5]} of this program; it was saved from a "
+                f"different model")
+        values = fio.read_vars(dirname, names)
+        scope = global_scope()
+        for name, value in values.items():
+            current = scope.find_var(name)
+            if current is not None and getattr(current, "shape", None) == value.shape:
+                current[...] = value
+            else:
+                scope[name] = value
+        if self._runtime is not None and hasattr(self._runtime, "after_load"):
+            self._runtime.after_load(values)
+        return sorted(values)
+
+
+class DistributedOptimizer:
+    """What ``fleet.distributed_optimizer`` returns: ``minimize`` runs the wrapped
+    optimizer, then builds this role's programs."""
+
+    def __init__(self, fleet, optimizer, strategy):
+        self._fleet = fleet
+        self._optimizer = optimizer
+        self._strategy = strategy
+
+    def backward(self, loss, startup_program=None, parameter_list=None, no_grad_set=None,
+                 callbacks=None):
+        return self._optimizer.backward(loss, startup_program, parameter_list, no_grad_set)
+
+    def apply_gradients(self, params_grads):
+        return self._optimizer.apply_gradients(params_grads)
+
+    def minimize(self, loss, scopes=None, startup_program=None, parameter_list=None,
+                 no_grad_set=None):
+        """Appends backward and optimizer ops, then prepares this role's programs.
+
+        Returns:
+            (optimize_ops, params_grads).
+        """
+        if isinstance(loss, list):
+            raise TypeError("DistributedTranspiler's minimize can not accept loss with list")
+        if isinstance(startup_program, list):
+            raise TypeError("DistributedTranspiler's minimize can not accept program with list")
+        result = self._optimizer.minimize(loss, startup_program, parameter_list, no_grad_set)
+        self._fleet._transpile(self._strategy, loss)
+        return result
+
+
+fleet = Fleet()

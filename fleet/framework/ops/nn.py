@@ -1,0 +1,350 @@
+"""Neural-network ops: fc, embedding lookup, sequence pooling and the losses."""
+import numpy as np
+
+from fleet.errors import DataError
+from fleet.framework.ops.math_ops import softmax_into
+from fleet.framework.registry import OpDef, register_op
+from fleet.framework.tensor import LoDTensor, SparseRows
+from fleet.kernels import embedding as emb
+from fleet.kernels import sparse as sparse_kernels
+
+POOL_TYPES = {"SUM": 0, "AVERAGE": 1, "MAX": 2, "SQRT": 3}
+
+
+# ------------------------------------------------------------------------- fc
+def _act_forward(act, out):
+    if act == "relu":
+        np.maximum(out, 0, out=out)
+    elif act == "sigmoid":
+        np.negative(out, out=out)
+        np.exp(out, out=out)
+        out += 1
+        np.reciprocal(out, out=out)
+    elif act == "tanh":
+        np.tanh(out, out=out)
+    elif act == "softmax":
+        softmax_into(out, out)
+
+
+def _act_backward(act, out, g, buf):
+    """Returns d(pre-activation) from the activation's output and its gradient."""
+    if not act:
+        return g
+    if act == "relu":
+        np.multiply(g, out > 0, out=buf)
+    elif act == "sigmoid":
+        np.multiply(g, out * (1 - out), out=buf)
+    elif act == "tanh":
+        np.multiply(g, 1 - out * out, out=buf)
+    elif act == "softmax":
+        np.multiply(out, g - (g * out).sum(axis=-1, keepdims=True), out=buf)
+    return buf
+
+
+@register_op
+class FC(OpDef):
+    """Out = act(flatten(Input) @ W + Bias): Paddle's mul + elementwise_add + act, fused."""
+
+    type = "fc"
+    grad_slots = ("Input", "W", "Bias")
+
+    def forward(self, ctx):
+        x = ctx.input("Input")
+        w = ctx.input("W")
+        rows = x.shape[0] if x.ndim else 1
+        x2 = x.reshape(rows, -1)
+        out = ctx.buffer("Out", (rows, w.shape[1]))
+        np.matmul(x2, w, out=out)
+        b = ctx.input_opt("Bias")
+        if b is not None:
+            out += b
+        _act_forward(ctx.attrs.get("act"), out)
+        ctx.set_output("Out", out)
+
+    def backward(self, ctx):
+        x = ctx.input("Input")
+        w = ctx.input("W")
+        out = ctx.input("Out")
+        g = ctx.input("Out@GRAD")
+        act = ctx.attrs.get("act")
+        dpre = _act_backward(act, out, g, ctx.buffer("Out@GRAD", out.shape) if act else None)
+        x2 = x.reshape(x.shape[0], -1)
+        if ctx.wants("W@GRAD"):
+            dw = ctx.buffer("W@GRAD", w.shape)
+            np.matmul(x2.T, dpre, out=dw)
+            ctx.set_output("W@GRAD", dw)
+        if ctx.wants("Bias@GRAD"):
+            ctx.set_output("Bias@GRAD", dpre.sum(axis=0))
+        if ctx.wants("Input@GRAD"):
+            dx = ctx.buffer("Input@GRAD", x2.shape)
+            np.matmul(dpre, w.T, out=dx)
+            ctx.set_output("Input@GRAD", dx.reshape(x.shape))
+
+
+# ------------------------------------------------------------------------- embeddings
+def _ids_of(ctx, ids):
+    """Returns (flat int64 ids, offsets or None, shape of the dense ids)."""
+    if isinstance(ids, LoDTensor):
+        return ids.values, ids.offsets, None
+    flat = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    return flat, None, ids.shape
+
+
+def _check_ids(ctx, flat, height):
+    bad = emb.check_ids(flat, height)
+    if bad >= 0:
+        w_name = ctx.input_name("W")
+        raise DataError(
+            f"embedding {w_name!r} has {height} rows but got id {int(flat[bad])} "
+            f"(input {ctx.input_name('Ids')!r}); ids must be in [0, {height}): hash them into "
+            f"the table size or enlarge size[0]"
+        )
+
+
+def _padding(ctx, height):
+    p = ctx.attrs.get("padding_idx", -1)
+    if p is None:
+        return -1
+    return p + height if p < 0 and p != -1 else p
+
+
+@register_op
+class LookupTable(OpDef):
+    """Out[i] = W[Ids[i]]; the gradient of W is SparseRows when ``is_sparse``."""
+
+    type = "lookup_table"
+    grad_slots = ("W",)
+
+    def forward(self, ctx):
+        w = ctx.input("W")
+        ids = ctx.input("Ids")
+        flat, offsets, shape = _ids_of(ctx, ids)
+        _check_ids(ctx, flat, w.shape[0])
+        out = np.empty((len(flat), w.shape[1]), dtype=np.float32)
+        emb.gather_rows(w, flat, _padding(ctx, w.shape[0]), out)
+        if offsets is not None:
+            ctx.set_output("Out", LoDTensor(out, offsets))
+        else:
+            lead = shape[:-1] if len(shape) > 1 and shape[-1] == 1 else shape
+            ctx.set_output("Out", out.reshape(tuple(lead) + (w.shape[1],)))
+
+    def backward(self, ctx):
+        w = ctx.input("W")
+        flat, _, _ = _ids_of(ctx, ctx.input("Ids"))
+        g = ctx.input("Out@GRAD")
+        values = np.array(g.values if isinstance(g, LoDTensor) else g, dtype=np.float32).reshape(len(flat), w.shape[1])
+        pad = _padding(ctx, w.shape[0])
+        if pad >= 0:
+            values[flat == pad] = 0
+        ctx.set_output("W@GRAD", _table_grad(ctx, w, flat.copy(), values))
+
+
+def _table_grad(ctx, w, rows, values):
+    if ctx.attrs.get("is_sparse") or ctx.attrs.get("is_distributed"):
+        return SparseRows(rows, values, w.shape[0])
+    dense = np.zeros(w.shape, dtype=np.float32)
+    sparse_kernels.scatter_add(dense, rows, values)
+    return dense
+
+
+def _seq_arange(ctx, total):
+    cache = ctx.local.get("@arange")
+    if cache is None or len(cache) < total:
+        cache = np.arange(max(total, 1024), dtype=np.int64)
+        ctx.local["@arange"] = cache
+    return cache[:total]
+
+
+@register_op
+class SequencePool(OpDef):
+    """Pools each sequence of a lod input to one row: SUM, AVERAGE, MAX, SQRT, FIRST, LAST."""
+
+    type = "sequence_pool"
+    grad_slots = ("X",)
+
+    def forward(self, ctx):
+        x = ctx.input("X")
+        if not isinstance(x, LoDTensor):
+            raise DataError(f"sequence_pool input {ctx.input_name('X')!r} must be a lod_level=1 value")
+        pool = ctx.attrs["pooltype"]
+        values = x.values.reshape(len(x.values), -1)
+        batch, width = x.batch_size, values.shape[1]
+        out = ctx.buffer("Out", (batch, width))
+        if pool in ("FIRST", "LAST"):
+            lengths = np.diff(x.offsets)
+            idx = x.offsets[:-1] if pool == "FIRST" else x.offsets[1:] - 1
+            out[:] = 0
+            nonempty = lengths > 0
+            out[nonempty] = values[idx[nonempty]]
+        else:
+            argmax = np.empty((batch, width), dtype=np.int64) if pool == "MAX" else _dummy_argmax()
+            ids = _seq_arange(ctx, len(values))
+            emb.gather_pool(np.ascontiguousarray(values, dtype=np.float32), ids, x.offsets,
+                            POOL_TYPES[pool], -1, out, argmax)
+            if pool == "MAX":
+                ctx.set_output("MaxIndex", argmax)
+        ctx.set_output("Out", out)
+
+    def backward(self, ctx):
+        x = ctx.input("X")
+        g = ctx.input("Out@GRAD")
+        pool = ctx.attrs["pooltype"]
+        values = x.values.reshape(len(x.values), -1)
+        dx = np.zeros(values.shape, dtype=np.float32)
+        if pool in ("FIRST", "LAST"):
+            lengths = np.diff(x.offsets)
+            idx = x.offsets[:-1] if pool == "FIRST" else x.offsets[1:] - 1
+            nonempty = lengths > 0
+            dx[idx[nonempty]] = g[nonempty]
+        else:
+            argmax = ctx.input("MaxIndex") if pool == "MAX" else _dummy_argmax()
+            emb.gather_pool_grad(np.ascontiguousarray(g, dtype=np.float32), _seq_arange(ctx, len(values)),
+                                 x.offsets, POOL_TYPES[pool], -1, argmax, dx)
+        ctx.set_output("X@GRAD", LoDTensor(dx.reshape(x.values.shape), x.offsets))
+
+
+_DUMMY = np.zeros((1, 1), dtype=np.int64)
+
+
+def _dummy_argmax():
+    return _DUMMY
+
+
+@register_op
+class FusedEmbeddingSeqPool(OpDef):
+    """lookup_table followed by sequence_pool, in one kernel (made by the execution pass).
+
+    Writes straight into its output, which may be a column slice of a concat buffer.
+    """
+
+    type = "fused_embedding_seq_pool"
+    grad_slots = ("W",)
+
+    def forward(self, ctx):
+        w = ctx.input("W")
+        ids = ctx.input("Ids")
+        if not isinstance(ids, LoDTensor):
+            raise DataError(f"input {ctx.input_name('Ids')!r} must be a lod_level=1 value (ids per example)")
+        _check_ids(ctx, ids.values, w.shape[0])
+        pool = POOL_TYPES[ctx.attrs["pooltype"]]
+        out = ctx.attrs.get("@out_view")
+        out = out(ctx, ids.batch_size) if out is not None else ctx.buffer("Out", (ids.batch_size, w.shape[1]))
+        argmax = np.empty(out.shape, dtype=np.int64) if pool == 2 else _dummy_argmax()
+        emb.gather_pool(w, ids.values, ids.offsets, pool, _padding(ctx, w.shape[0]), out, argmax)
+        if pool == 2:
+            ctx.set_output("MaxIndex", argmax)
+        ctx.set_output("Out", out)
+
+    def backward(self, ctx):
+        w = ctx.input("W")
+        ids = ctx.input("Ids")
+        g = ctx.input("Out@GRAD")
+        pool = POOL_TYPES[ctx.attrs["pooltype"]]
+        argmax = ctx.input("MaxIndex") if pool == 2 else _dummy_argmax()
+        values = np.empty((len(ids.values), w.shape[1]), dtype=np.float32)
+        emb.gather_pool_grad(g, ids.values, ids.offsets, pool, _padding(ctx, w.shape[0]), argmax, values)
+        ctx.set_output("W@GRAD", _table_grad(ctx, w, ids.values.copy(), values))
+
+
+# ------------------------------------------------------------------------- losses
+def _label_index(label, n):
+    lab = np.asarray(label).reshape(-1).astype(np.int64, copy=False)
+    if len(lab) != n:
+        raise DataError(f"label has {len(lab)} entries for a batch of {n}; feed one label per example")
+    return lab
+
+
+@register_op
+class CrossEntropy(OpDef):
+    """Out[b] = -log(X[b, Label[b]]) for probabilities X (or soft labels)."""
+
+    type = "cross_entropy"
+    grad_slots = ("X",)
+    EPS = np.float32(1e-20)
+
+    def forward(self, ctx):
+        x = ctx.input("X")
+        label = ctx.input("Label")
+        n = x.shape[0]
+        if ctx.attrs.get("soft_label"):
+            out = -(np.asarray(label, dtype=np.float32) * np.log(np.maximum(x, self.EPS))).sum(axis=-1, keepdims=True)
+        else:
+            lab = _label_index(label, n)
+            if n and (lab.min() < 0 or lab.max() >= x.shape[1]) and ctx.attrs.get("ignore_index", -100) not in lab:
+                raise DataError(f"label values must be in [0, {x.shape[1]}), got {int(lab.min())}..{int(lab.max())}")
+            p = x[np.arange(n), np.clip(lab, 0, x.shape[1] - 1)]
+            out = -np.log(np.maximum(p, self.EPS)).reshape(n, 1)
+            ignore = lab == ctx.attrs.get("ignore_index", -100)
+            if ignore.any():
+                out[ignore] = 0
+        ctx.set_output("Y", out.astype(np.float32, copy=False))
+
+    def backward(self, ctx):
+        x = ctx.input("X")
+        label = ctx.input("Label")
+        g = ctx.input("Y@GRAD").reshape(-1)
+        n = x.shape[0]
+        if ctx.attrs.get("soft_label"):
+            dx = -np.asarray(label, dtype=np.float32) / np.maximum(x, self.EPS) * g[:, None]
+        else:
+            lab = _label_index(label, n)
+            dx = np.zeros_like(x)
+            keep = lab != ctx.attrs.get("ignore_index", -100)
+            rows = np.arange(n)[keep]
+            cols = lab[keep]
+            dx[rows, cols] = -g[keep] / np.maximum(x[rows, cols], self.EPS)
+        ctx.set_output("X@GRAD", dx.astype(np.float32, copy=False))
+
+
+@register_op
+class LogLoss(OpDef):
+    """Out = -label*log(p+eps) - (1-label)*log(1-p+eps)."""
+
+    type = "log_loss"
+    grad_slots = ("Predicted",)
+
+    def forward(self, ctx):
+        p = ctx.input("Predicted")
+        y = np.asarray(ctx.input("Labels"), dtype=np.float32).reshape(p.shape)
+        eps = np.float32(ctx.attrs.get("epsilon", 1e-4))
+        out = -y * np.log(p + eps) - (1 - y) * np.log(1 - p + eps)
+        ctx.set_output("Loss", out.astype(np.float32, copy=False))
+
+    def backward(self, ctx):
+        p = ctx.input("Predicted")
+        y = np.asarray(ctx.input("Labels"), dtype=np.float32).reshape(p.shape)
+        eps = np.float32(ctx.attrs.get("epsilon", 1e-4))
+        g = ctx.input("Loss@GRAD")
+        ctx.set_output("Predicted@GRAD", (g * (-y / (p + eps) + (1 - y) / (1 - p + eps))).astype(np.float32))
+
+
+@register_op
+class SigmoidCrossEntropyWithLogits(OpDef):
+    """Out = max(x, 0) - x*label + log(1 + exp(-|x|)), stable for any logit."""
+
+    type = "sigmoid_cross_entropy_with_logits"
+    grad_slots = ("X",)
+
+    def _mask(self, ctx, y):
+        return y != ctx.attrs.get("ignore_index", -100)
+
+    def forward(self, ctx):
+        x = ctx.input("X")
+        y = np.asarray(ctx.input("Label"), dtype=np.float32).reshape(x.shape)
+        out = np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))
+        keep = self._mask(ctx, y)
+        out = np.where(keep, out, 0).astype(np.float32)
+        if ctx.attrs.get("normalize"):
+            out /= max(int(keep.sum()), 1)
+        ctx.set_output("Out", out)
+
+    def backward(self, ctx):
+        x = ctx.input("X")
+        y = np.asarray(ctx.input("Label"), dtype=np.float32).reshape(x.shape)
+        g = ctx.input("Out@GRAD")
+        sig = 1 / (1 + np.exp(-x))
+        keep = self._mask(ctx, y)
+        dx = np.where(keep, (sig - y) * g, 0).astype(np.float32)
+        if ctx.attrs.get("normalize"):
+            dx /= max(int(keep.sum()), 1)
+        ctx.set_output("X@GRAD", dx)

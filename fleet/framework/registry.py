@@ -1,0 +1,72 @@
+"""The op registry: op type -> ``OpDef`` (shape inference, forward, backward).
+
+Layers above the framework register their own ops here (the transpiler's send and
+prefetch ops) with ``register_op``.
+"""
+from fleet.errors import ConfigError
+
+_OPS = {}
+
+
+class OpDef:
+    """What an op type computes.
+
+    Subclasses set ``type`` and implement ``forward``; differentiable ops implement
+    ``backward`` and list in ``grad_slots`` the input slots that receive gradients.
+
+    ``forward(ctx)`` reads inputs with ``ctx.input(slot)`` and writes outputs with
+    ``ctx.set_output(slot, value)``. ``backward(ctx)`` runs as the op's grad op: it reads
+    the forward inputs and outputs the same way, the output gradients with
+    ``ctx.input(slot + "@GRAD")`` (None when no gradient flows) and writes input gradients
+    with ``ctx.set_output(slot + "@GRAD", value)`` (skipped where not wanted).
+    """
+
+    type = None
+    grad_slots = ()
+
+    def infer_shape(self, op, block):
+        """Sets the shapes and dtypes of the op's outputs at build time (optional)."""
+
+    def forward(self, ctx):
+        raise NotImplementedError(f"op {self.type} has no forward")
+
+    def backward(self, ctx):
+        raise ConfigError(f"op {self.type!r} is not differentiable; mark its inputs stop_gradient")
+
+
+def register_op(cls):
+    """Class decorator: registers an OpDef subclass under ``cls.type``."""
+    if not cls.type:
+        raise ConfigError(f"{cls.__name__} has no op type")
+    _OPS[cls.type] = cls()
+    return cls
+
+
+def get_op_def(op_type):
+    """Returns the OpDef of ``op_type`` (the ``*_grad`` type maps to its forward op's def).
+
+    Raises:
+        ConfigError: the op type is unknown.
+    """
+    _ensure_builtin_ops()
+    opdef = _OPS.get(op_type)
+    if opdef is None and op_type.endswith("_grad"):
+        opdef = _OPS.get(op_type[: -len("_grad")])
+    if opdef is None:
+        raise ConfigError(f"op type {op_type!r} is not registered; known: {sorted(_OPS)}")
+    return opdef
+
+
+def has_op(op_type):
+    _ensure_builtin_ops()
+    return op_type in _OPS
+
+
+_loaded = False
+
+
+def _ensure_builtin_ops():
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        import fleet.framework.ops  # noqa: F401  (registers the built-in ops)

@@ -1,0 +1,237 @@
+"""Threaded training over a dataset: the engine behind ``Executor.train_from_dataset``."""
+import logging
+import sys
+import threading
+import time
+
+import numpy as np
+
+from fleet.errors import FleetTimeoutError
+from fleet.framework.executor import DATASET_BATCH_TIMEOUT_S, _Runner, feed_value, reduce_gradients
+
+log = logging.getLogger("fleet")
+
+
+class FetchHandler:
+    """Receives fetched values periodically during ``train_from_dataset`` (Paddle's API).
+
+    Args:
+        var_dict: {label: Variable or name} to fetch.
+        period_secs: how often ``handler`` is called, from a monitor thread.
+    """
+
+    def __init__(self, var_dict=None, period_secs=60):
+        self.var_dict = dict(var_dict or {})
+        self.period_secs = float(period_secs)
+
+    def handler(self, res_dict):
+        """Called with {label: numpy value}; override it. The default prints them."""
+        print(" ".join(f"{k}={_fmt(v)}" for k, v in res_dict.items()), flush=True)
+
+
+def _fmt(value):
+    arr = np.asarray(value)
+    if arr.size == 1:
+        return f"{float(arr.reshape(-1)[0]):.6f}"
+    return np.array2string(arr.reshape(-1)[:8], precision=5)
+
+
+def _name(v):
+    return v if isinstance(v, str) else v.name
+
+
+def _batch_size(feed):
+    for value in feed.values():
+        return len(value) if not hasattr(value, "batch_size") else value.batch_size
+    return 0
+
+
+class DatasetTrainer:
+    """Runs one pass of a program over a dataset with N threads (Hogwild or Reduce)."""
+
+    def __init__(self, executor, program, dataset, scope, threads, fetch_list, fetch_info,
+                 print_period, fetch_handler, debug):
+        self.executor = executor
+        self.program = program
+        self.dataset = dataset
+        self.scope = scope
+        self.threads = threads
+        self.fetch_names = [_name(v) for v in fetch_list]
+        self.fetch_info = fetch_info or self.fetch_names
+        self.print_period = max(int(print_period or 0), 0)
+        self.fetch_handler = fetch_handler
+        self.debug = debug
+        self.plan = executor._plan(program)
+        self.block = program.global_block()
+        self._lock = threading.Lock()
+        self._batches = 0
+        self._examples = 0
+        self._errors = []
+        self._last_fetch = {}
+        self._stop = threading.Event()
+        self._t0 = None
+        self._bar = None
+        build = getattr(program, "_build_strategy", None)
+        reduce_strategy = getattr(build, "reduce_strategy", None)
+        self.reduce = threads > 1 and getattr(reduce_strategy, "name", str(reduce_strategy)).endswith("Reduce")
+        self.dist = getattr(program, "_dist_info", None)
+
+    # ---------------------------------------------------------------- helpers
+    def _feed(self, runner, batch):
+        for name, value in batch.items():
+            var = self.block.vars.get(name)
+            runner.local[name] = feed_value(var, value) if var is not None else value
+        return _batch_size(batch)
+
+    def _record(self, runner, examples):
+        with self._lock:
+            self._batches += 1
+            self._examples += examples
+            batches = self._batches
+        if self._bar is not None:
+            self._bar.update(examples)
+        if self.print_period and batches % self.print_period == 0:
+            values = {label: runner.value(n) for label, n in zip(self.fetch_info, self.fetch_names)}
+            self._last_fetch = {k: np.array(getattr(v, "values", v)) for k, v in values.items()
+                                if v is not None}
+            self._print(batches)
+
+    def _print(self, batches):
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        parts = [f"batch {batches}", f"{self._examples / elapsed:,.0f} examples/s"]
+        parts += [f"{label} {_fmt(v)}" for label, v in self._last_fetch.items()]
+        line = ", ".join(parts)
+        if self._bar is not None:
+            self._bar.write(line)
+        else:
+            print(line, flush=True)
+
+    # ---------------------------------------------------------------- loops
+    def _next(self, source):
+        return source.get(DATASET_BATCH_TIMEOUT_S)
+
+    def _hogwild_loop(self, source, index):
+        runner = _Runner(self.plan, self.scope.new_scope())
+        try:
+            while not self._stop.is_set():
+                batch = self._next(source)
+                if batch is None:
+                    break
+                n = self._feed(runner, batch)
+                runner.run()
+                self._record(runner, n)
+                if index == 0:
+                    self._runner0 = runner
+        except BaseException as e:  # noqa: BLE001 - re-raised by run() in the caller
+            self._errors.append(e)
+            self._stop.set()
+        finally:
+            if self.dist is not None and hasattr(self.dist, "thread_finished"):
+                self.dist.thread_finished()
+
+    def _reduce_loop(self, source):
+        runners = [_Runner(self.plan, self.scope.new_scope()) for _ in range(self.threads)]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="fleet-train") as pool:
+            while not self._stop.is_set():
+                batches = []
+                for _ in range(self.threads):
+                    batch = self._next(source)
+                    if batch is None:
+                        break
+                    batches.append(batch)
+                if not batches:
+                    break
+                active = runners[: len(batches)]
+
+                def compute(pair):
+                    runner, batch = pair
+                    n = self._feed(runner, batch)
+                    runner.run(optimize=False)
+                    return n
+
+                sizes = list(pool.map(compute, zip(active, batches)))
+                lead = active[0]
+                for name in self.plan.grad_names:
+                    values = [r.local.get(name) for r in active]
+                    values = [v for v in values if v is not None]
+                    if values:
+                        lead.local[name] = reduce_gradients(values) if len(values) > 1 else values[0]
+                lead.run(compute=False)
+                for runner, n in zip(active, sizes):
+                    self._record(runner, n)
+                self._runner0 = lead
+
+    def _monitor(self):
+        handler = self.fetch_handler
+        names = {label: _name(v) for label, v in handler.var_dict.items()}
+        while not self._stop.wait(handler.period_secs):
+            runner = getattr(self, "_runner0", None)
+            if runner is None:
+                continue
+            values = {}
+            for label, name in names.items():
+                v = runner.value(name)
+                if v is not None:
+                    values[label] = np.array(getattr(v, "values", v))
+            if values:
+                handler.handler(values)
+
+    def run(self):
+        source = self.dataset._open_pass(self.threads)
+        if self.dist is not None and hasattr(self.dist, "begin_pass"):
+            self.dist.begin_pass(self.threads)
+        if sys.stdout.isatty() and self.print_period:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(unit=" ex", unit_scale=True, dynamic_ncols=True, leave=False)
+            except ImportError:
+                self._bar = None
+        self._t0 = time.perf_counter()
+        monitor = None
+        if self.fetch_handler is not None:
+            monitor = threading.Thread(target=self._monitor, name="fleet-fetch-handler", daemon=True)
+            monitor.start()
+        try:
+            if self.reduce:
+                try:
+                    self._reduce_loop(source)
+                except BaseException as e:  # noqa: BLE001
+                    self._errors.append(e)
+            else:
+                workers = [threading.Thread(target=self._hogwild_loop, args=(source, i),
+                                            name=f"fleet-train-{i}", daemon=True)
+                           for i in range(self.threads)]
+                for w in workers:
+                    w.start()
+                for w in workers:
+                    w.join()
+        finally:
+            self._stop.set()
+            source.close()
+            if monitor is not None:
+                monitor.join(timeout=5)
+            if self._bar is not None:
+                self._bar.close()
+            if self.dist is not None and hasattr(self.dist, "end_pass"):
+                self.dist.end_pass()
+        if self._errors:
+            raise self._errors[0]
+        elapsed = time.perf_counter() - self._t0
+        report = dict(source.report()) if hasattr(source, "report") else {}
+        skipped = int(report.get("bad_lines_skipped", 0))
+        summary = {
+            "examples": self._examples,
+            "batches": self._batches,
+            "seconds": elapsed,
+            "examples_per_sec": self._examples / elapsed if elapsed > 0 else 0.0,
+            "bad_lines_skipped": skipped,
+            "fetch": self._last_fetch,
+        }
+        if self.print_period:
+            print(f"pass done: {self._examples} examples in {self._batches} batches, "
+                  f"{summary['examples_per_sec']:,.0f} examples/s"
+                  + (f", {skipped} bad lines skipped" if skipped else ""), flush=True)
+        return summary

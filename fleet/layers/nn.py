@@ -1,0 +1,192 @@
+"""fc, embedding, concat, sequence_pool and shape layers."""
+import math
+
+from fleet.errors import ConfigError
+from fleet.framework.program import normalize_dtype, Variable
+from fleet.layers.helper import append_op, check_var, create_tmp
+from fleet.layers.helper import create_parameter as _new_parameter
+from fleet.param_attr import ParamAttr
+
+_ACTS = (None, "relu", "sigmoid", "tanh", "softmax")
+
+
+def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=None, name=None,
+       is_test=False):
+    """A fully connected layer: act(input @ W + b).
+
+    Args:
+        input: a Variable (or a list of them, each with its own weight, summed).
+        size: output width.
+        num_flatten_dims: leading dims kept; the rest are flattened into the width.
+        param_attr / bias_attr: ParamAttr, name, or (bias_attr only) False for no bias.
+        act: None, "relu", "sigmoid", "tanh" or "softmax".
+
+    Returns:
+        The output Variable [batch, size].
+    """
+    if act not in _ACTS:
+        raise ConfigError(f"fc act={act!r} is not supported; use one of {_ACTS}")
+    if not isinstance(size, int) or size <= 0:
+        raise ConfigError(f"fc size={size!r} must be a positive int")
+    inputs = input if isinstance(input, (list, tuple)) else [input]
+    layer = name or "fc"
+    from fleet.framework.program import unique_name
+
+    layer = unique_name.generate(layer)
+    param_attrs = param_attr if isinstance(param_attr, (list, tuple)) else [param_attr] * len(inputs)
+    bias = None
+    if bias_attr is not False:
+        bias = _new_parameter(layer, bias_attr, [size], suffix="b", is_bias=True)
+    if len(inputs) == 1:
+        x = check_var(inputs[0], "input", "fc")
+        w = _fc_weight(layer, x, size, num_flatten_dims, param_attrs[0])
+        out = create_tmp(layer, (x.shape[0] if x.shape else -1, size))
+        append_op("fc", {"Input": x, "W": w, "Bias": bias}, {"Out": out},
+                  {"act": act, "in_num_col_dims": num_flatten_dims})
+        return out
+    partial = []
+    for x, attr in zip(inputs, param_attrs):
+        check_var(x, "input", "fc")
+        w = _fc_weight(layer, x, size, num_flatten_dims, attr)
+        part = create_tmp(layer, (x.shape[0] if x.shape else -1, size))
+        append_op("fc", {"Input": x, "W": w}, {"Out": part}, {"act": None, "in_num_col_dims": num_flatten_dims})
+        partial.append(part)
+    total = create_tmp(layer, partial[0].shape)
+    append_op("sum", {"X": partial}, {"Out": total})
+    if bias is not None:
+        biased = create_tmp(layer, total.shape)
+        append_op("elementwise_add", {"X": total, "Y": bias}, {"Out": biased}, {"axis": 1})
+        total = biased
+    if act:
+        out = create_tmp(layer, total.shape)
+        append_op(act, {"X": total}, {"Out": out})
+        total = out
+    return total
+
+
+def _fc_weight(layer, x, size, num_flatten_dims, attr):
+    tail = x.shape[num_flatten_dims:]
+    if not tail or any(d < 0 for d in tail):
+        raise ConfigError(
+            f"fc input {x.name!r} has shape {list(x.shape)}; the dims after num_flatten_dims="
+            f"{num_flatten_dims} must be known (got {list(tail)})")
+    return _new_parameter(layer, attr, [math.prod(tail), size])
+
+
+def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=None,
+              param_attr=None, dtype="float32"):
+    """Looks up rows of a table [size[0], size[1]] for int64 ids.
+
+    Args:
+        input: int64 ids, lod_level=1 (sequences) or [batch, 1].
+        size: [rows, width] of the table.
+        is_sparse: the table's gradient is sent as SparseRows (only touched rows).
+        is_distributed: in distributed training the table lives only on the servers,
+            keyed by any int64 id; locally it behaves like is_sparse.
+        padding_idx: an id whose rows are zero and get no gradient (negative counts
+            from the end).
+        param_attr: the table's ParamAttr or name; layers with the same name share it.
+
+    Returns:
+        A Variable [.., width] (lod_level as the input).
+    """
+    check_var(input, "input", "embedding")
+    if input.dtype != "int64":
+        raise ConfigError(f"embedding input {input.name!r} must be int64 ids, got {input.dtype}")
+    if (not isinstance(size, (list, tuple)) or len(size) != 2
+            or not all(isinstance(d, int) and d > 0 for d in size)):
+        raise ConfigError(f"embedding size={size!r} must be [rows, width] of positive ints")
+    if padding_idx is not None and not -size[0] <= padding_idx < size[0]:
+        raise ConfigError(f"embedding padding_idx={padding_idx} must be in [{-size[0]}, {size[0]})")
+    table = _new_parameter("embedding", param_attr, list(size), dtype, suffix="w",
+                             is_sparse=bool(is_sparse or is_distributed),
+                             is_distributed=bool(is_distributed))
+    lead = input.shape[:-1] if len(input.shape) > 1 and input.shape[-1] == 1 else input.shape
+    out = create_tmp("embedding", tuple(lead) + (size[1],), lod_level=input.lod_level)
+    pad = -1 if padding_idx is None else (padding_idx + size[0] if padding_idx < 0 else padding_idx)
+    append_op("lookup_table", {"Ids": input, "W": table}, {"Out": out},
+              {"is_sparse": bool(is_sparse or is_distributed), "is_distributed": bool(is_distributed),
+               "padding_idx": pad})
+    return out
+
+
+_POOLS = ("SUM", "AVERAGE", "MAX", "SQRT", "FIRST", "LAST")
+
+
+def sequence_pool(input, pool_type, is_test=False, pad_value=0.0):
+    """Pools each sequence of a lod_level=1 input to one row.
+
+    Args:
+        pool_type: "sum", "average", "max", "sqrt", "first" or "last".
+
+    Returns:
+        A Variable [batch, width]; empty sequences give zero rows.
+    """
+    check_var(input, "input", "sequence_pool")
+    pool = str(pool_type).upper()
+    if pool not in _POOLS:
+        raise ConfigError(f"sequence_pool pool_type={pool_type!r}; use one of {[p.lower() for p in _POOLS]}")
+    if input.lod_level != 1:
+        raise ConfigError(f"sequence_pool input {input.name!r} must have lod_level=1")
+    width = input.shape[-1] if len(input.shape) > 1 else 1
+    out = create_tmp("sequence_pool", (-1, width))
+    outputs = {"Out": out}
+    if pool == "MAX":
+        outputs["MaxIndex"] = create_tmp("sequence_pool", (-1, width), dtype="int64", stop_gradient=True)
+    append_op("sequence_pool", {"X": input}, outputs, {"pooltype": pool, "is_test": is_test})
+    return out
+
+
+def concat(input, axis=0, name=None):
+    """Concatenates variables along ``axis``."""
+    if not isinstance(input, (list, tuple)) or not input:
+        raise ConfigError("concat input must be a non-empty list of Variables")
+    for x in input:
+        check_var(x, "input", "concat")
+    out = create_tmp(name or "concat", input[0].shape, input[0].dtype)
+    append_op("concat", {"X": list(input)}, {"Out": out}, {"axis": axis})
+    return out
+
+
+def reshape(x, shape, inplace=False, name=None):
+    """Reshapes (0 keeps the input's dim, -1 is inferred)."""
+    check_var(x, "x", "reshape")
+    shown = tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape))
+    out = create_tmp(name or "reshape", shown, x.dtype)
+    append_op("reshape", {"X": x}, {"Out": out}, {"shape": list(shape)})
+    return out
+
+
+def scale(x, scale=1.0, bias=0.0, bias_after_scale=True, act=None, name=None):
+    """x * scale + bias."""
+    check_var(x, "x", "scale")
+    out = create_tmp(name or "scale", x.shape, x.dtype, x.lod_level)
+    append_op("scale", {"X": x}, {"Out": out},
+              {"scale": float(scale), "bias": float(bias), "bias_after_scale": bias_after_scale})
+    return out
+
+
+def cast(x, dtype):
+    """Converts to ``dtype`` (no gradient)."""
+    check_var(x, "x", "cast")
+    dtype = normalize_dtype(dtype)
+    out = create_tmp("cast", x.shape, dtype, stop_gradient=True)
+    append_op("cast", {"X": x}, {"Out": out}, {"out_dtype": dtype})
+    return out
+
+
+def fill_constant(shape, dtype, value, name=None):
+    """A constant tensor computed at every run."""
+    dtype = normalize_dtype(dtype)
+    out = create_tmp(name or "fill_constant", tuple(shape), dtype, stop_gradient=True)
+    append_op("fill_constant", {}, {"Out": out}, {"shape": list(shape), "dtype": dtype, "value": float(value)})
+    return out
+
+
+def create_parameter(shape, dtype="float32", name=None, attr=None, is_bias=False,
+                     default_initializer=None):
+    """Creates a free parameter (for custom layers built from the math layers)."""
+    attr = ParamAttr.to_attr(attr)
+    if name and not attr.name:
+        attr.name = name
+    return _new_parameter("create_parameter", attr, list(shape), dtype, default_initializer, is_bias=is_bias)

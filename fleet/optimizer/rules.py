@@ -1,0 +1,194 @@
+"""Optimizer update rules: one object per optimizer, shared by local training and servers.
+
+A rule updates a parameter in place from a dense gradient (``apply_dense``) or from
+gradient rows (``apply_sparse``). Its state (moments, velocities, beta powers) lives in a
+dict of arrays that the caller owns: the local executor keeps it in the scope, a server
+keeps it next to its block or sparse table. The numba kernels of ``fleet.kernels.optim``
+do the arithmetic; this module only decides which kernel runs with which scalars.
+
+Thread-safety: a rule object holds no mutable state; calls on different parameters may
+run concurrently. Concurrent calls on the same parameter race (Hogwild), as in Paddle.
+"""
+import math
+
+import numpy as np
+
+from fleet.errors import ConfigError
+from fleet.kernels import optim, sparse
+
+
+class Rule:
+    """Base of the optimizer rules.
+
+    Attributes:
+        type: Paddle's optimizer op type ("sgd", "momentum", "adagrad", "adam").
+        state_names: every state entry ``init_state`` creates.
+        row_state_names: the entries shaped like the parameter (one row per parameter row);
+            the others are small scalar arrays (e.g. Adam's beta powers).
+    """
+
+    type = None
+    state_names = ()
+    row_state_names = ()
+
+    def attrs(self):
+        """Returns the hyper-parameters as a plain dict (what ``make_rule`` takes back)."""
+        return {}
+
+    def init_state(self, shape):
+        """Returns fresh state arrays for a parameter of ``shape``."""
+        return {name: np.zeros(shape, dtype=np.float32) for name in self.row_state_names}
+
+    def apply_dense(self, param, grad, state, lr):
+        """Updates ``param`` in place from a dense gradient of the same shape."""
+        raise NotImplementedError
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        """Updates rows of the 2-D ``param`` in place; ``rows`` may repeat (summed first)."""
+        raise NotImplementedError
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.attrs().items())
+        return f"{type(self).__name__}({args})"
+
+
+def _flat(a):
+    return a.reshape(-1)
+
+
+def _merged(rows, values):
+    return sparse.merge_rows(np.ascontiguousarray(rows, dtype=np.int64),
+                             np.ascontiguousarray(values, dtype=np.float32))
+
+
+class SGDRule(Rule):
+    """param -= lr * grad."""
+
+    type = "sgd"
+
+    def apply_dense(self, param, grad, state, lr):
+        optim.sgd_dense(_flat(param), _flat(grad), float(lr))
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if len(rows):
+            uniq, summed = _merged(rows, values)
+            optim.sgd_rows(param, uniq, summed, float(lr))
+
+
+class MomentumRule(Rule):
+    """velocity = mu * velocity + grad; param -= lr * velocity (or Nesterov's form)."""
+
+    type = "momentum"
+    state_names = row_state_names = ("velocity",)
+
+    def __init__(self, momentum, use_nesterov=False):
+        self.momentum = float(momentum)
+        self.use_nesterov = bool(use_nesterov)
+
+    def attrs(self):
+        return {"momentum": self.momentum, "use_nesterov": self.use_nesterov}
+
+    def apply_dense(self, param, grad, state, lr):
+        optim.momentum_dense(_flat(param), _flat(state["velocity"]), _flat(grad), float(lr),
+                             self.momentum, int(self.use_nesterov))
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if len(rows):
+            uniq, summed = _merged(rows, values)
+            optim.momentum_rows(param, state["velocity"], uniq, summed, float(lr),
+                                self.momentum, int(self.use_nesterov))
+
+
+class AdagradRule(Rule):
+    """moment += grad^2; param -= lr * grad / (sqrt(moment) + epsilon)."""
+
+    type = "adagrad"
+    state_names = row_state_names = ("moment",)
+
+    def __init__(self, epsilon=1e-6, initial_accumulator_value=0.0):
+        self.epsilon = float(epsilon)
+        self.initial_accumulator_value = float(initial_accumulator_value)
+
+    def attrs(self):
+        return {"epsilon": self.epsilon, "initial_accumulator_value": self.initial_accumulator_value}
+
+    def init_state(self, shape):
+        return {"moment": np.full(shape, self.initial_accumulator_value, dtype=np.float32)}
+
+    def apply_dense(self, param, grad, state, lr):
+        optim.adagrad_dense(_flat(param), _flat(state["moment"]), _flat(grad), float(lr), self.epsilon)
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if len(rows):
+            uniq, summed = _merged(rows, values)
+            optim.adagrad_rows(param, state["moment"], uniq, summed, float(lr), self.epsilon)
+
+
+class AdamRule(Rule):
+    """Paddle's Adam; with ``lazy_mode`` a sparse update touches only the batch's rows.
+
+    Without lazy mode every row's moments decay at every sparse step (rows outside the
+    batch see a zero gradient), exactly like a dense Adam on the scattered gradient.
+    """
+
+    type = "adam"
+    state_names = ("moment1", "moment2", "beta1_pow", "beta2_pow")
+    row_state_names = ("moment1", "moment2")
+
+    def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-8, lazy_mode=False):
+        self.beta1 = float(beta1)
+        self.beta2 = float(beta2)
+        self.epsilon = float(epsilon)
+        self.lazy_mode = bool(lazy_mode)
+
+    def attrs(self):
+        return {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
+                "lazy_mode": self.lazy_mode}
+
+    def init_state(self, shape):
+        state = super().init_state(shape)
+        # Paddle starts the powers at beta (step 1) and multiplies after every update.
+        state["beta1_pow"] = np.full(1, self.beta1, dtype=np.float64)
+        state["beta2_pow"] = np.full(1, self.beta2, dtype=np.float64)
+        return state
+
+    def _step_scalars(self, state, lr):
+        b1p, b2p = float(state["beta1_pow"][0]), float(state["beta2_pow"][0])
+        lr_t = float(lr) * math.sqrt(1.0 - b2p) / (1.0 - b1p)
+        eps_t = self.epsilon * math.sqrt(1.0 - b2p)
+        state["beta1_pow"][0] = b1p * self.beta1
+        state["beta2_pow"][0] = b2p * self.beta2
+        return lr_t, eps_t
+
+    def apply_dense(self, param, grad, state, lr):
+        lr_t, eps_t = self._step_scalars(state, lr)
+        optim.adam_dense(_flat(param), _flat(state["moment1"]), _flat(state["moment2"]), _flat(grad),
+                         lr_t, self.beta1, self.beta2, eps_t)
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if self.lazy_mode and not len(rows):
+            return
+        uniq, summed = _merged(rows, values)
+        lr_t, eps_t = self._step_scalars(state, lr)
+        kernel = optim.adam_rows if self.lazy_mode else optim.adam_rows_all
+        kernel(param, state["moment1"], state["moment2"], uniq, summed, lr_t, self.beta1,
+               self.beta2, eps_t)
+
+
+_RULES = {cls.type: cls for cls in (SGDRule, MomentumRule, AdagradRule, AdamRule)}
+
+
+def make_rule(op_type, attrs=None):
+    """Builds the rule of optimizer ``op_type`` ("sgd", "momentum", "adagrad", "adam").
+
+    Raises:
+        ConfigError: the type is unknown (Paddle: "Not supported optimizer for distributed
+            training: %s").
+    """
+    cls = _RULES.get(op_type)
+    if cls is None:
+        raise ConfigError(
+            f"Not supported optimizer for distributed training: {op_type}; "
+            f"use one of {sorted(_RULES)}"
+        )
+    return cls(**(attrs or {}))
