@@ -1,1 +1,22 @@
+"""Role makers: who this process is (worker or server, its index, where the servers are).
 
+Plain, validated settings objects (layer 2): they read only ``os.environ``.
+
+- `PaddleCloudRoleMaker`: from Paddle's environment variables (what ``fleetrun`` and
+  cluster manifests set); with ``TRAINING_ROLE`` unset, one local worker.
+- `UserDefinedRoleMaker`, `UserDefinedCollectiveRoleMaker`: a role given in code.
+- `LocalRoleMaker`: one worker, no servers.
+"""
+from role_makers.base import Role, RoleMakerBase
+from role_makers.local_role_maker import LocalRoleMaker
+from role_makers.paddle_cloud_role_maker import PaddleCloudRoleMaker
+from role_makers.user_defined_role_maker import UserDefinedCollectiveRoleMaker, UserDefinedRoleMaker
+
+__all__ = [
+    "LocalRoleMaker",
+    "PaddleCloudRoleMaker",
+    "Role",
+    "RoleMakerBase",
+    "UserDefinedCollectiveRoleMaker",
+    "UserDefinedRoleMaker",
+]
