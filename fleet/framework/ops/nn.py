@@ -212,10 +212,7 @@ def _dummy_argmax():
 
 @register_op
 class FusedEmbeddingSeqPool(OpDef):
-    """lookup_table followed by sequence_pool, in one kernel (made by the execution pass).
-
-    Writes straight into its output, which may be a column slice of a concat buffer.
-    """
+    """lookup_table followed by sequence_pool, in one kernel (made by the execution pass)."""
 
     type = "fused_embedding_seq_pool"
     grad_slots = ("W",)
@@ -227,8 +224,7 @@ class FusedEmbeddingSeqPool(OpDef):
             raise DataError(f"input {ctx.input_name('Ids')!r} must be a lod_level=1 value (ids per example)")
         _check_ids(ctx, ids.values, w.shape[0])
         pool = POOL_TYPES[ctx.attrs["pooltype"]]
-        out = ctx.attrs.get("@out_view")
-        out = out(ctx, ids.batch_size) if out is not None else ctx.buffer("Out", (ids.batch_size, w.shape[1]))
+        out = ctx.buffer("Out", (ids.batch_size, w.shape[1]))
         argmax = np.empty(out.shape, dtype=np.int64) if pool == 2 else _dummy_argmax()
         emb.gather_pool(w, ids.values, ids.offsets, pool, _padding(ctx, w.shape[0]), out, argmax)
         if pool == 2:
