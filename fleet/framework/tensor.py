@@ -103,3 +103,25 @@ def as_lod_tensor(name, value, dtype):
         f"feed {name!r} is a lod_level=1 input; got {type(value).__name__}. Feed a "
         f"(values, lengths) pair, a list of per-example sequences, or a fleet LoDTensor"
     )
+
+
+class PrefetchedRows:
+    """The rows of a server-side table that one batch needs: ``values[i]`` is row
+    ``ids[i]``; ``ids`` sorted and unique. Lookup ops read a table through it on a
+    distributed worker (the table itself lives on the servers)."""
+
+    __slots__ = ("ids", "values", "height", "name")
+
+    def __init__(self, name, ids, values, height):
+        self.name = name
+        self.ids = ids
+        self.values = values
+        self.height = int(height)
+
+    @property
+    def shape(self):
+        return (self.height, self.values.shape[1])
+
+    def local(self, ids):
+        """Maps table row ids (each present in ``self.ids``) to positions in ``values``."""
+        return np.searchsorted(self.ids, ids)

@@ -4,7 +4,7 @@ import numpy as np
 from fleet.errors import DataError
 from fleet.framework.ops.math_ops import softmax_into
 from fleet.framework.registry import OpDef, register_op
-from fleet.framework.tensor import LoDTensor, SparseRows
+from fleet.framework.tensor import LoDTensor, PrefetchedRows, SparseRows
 from fleet.kernels import embedding as emb
 from fleet.kernels import sparse as sparse_kernels
 
@@ -41,6 +41,11 @@ def _act_backward(act, out, g, buf):
     return buf
 
 
+def _fc_lead(ctx, x):
+    """The dims of ``x`` kept by fc (``in_num_col_dims`` of them); the rest are flattened."""
+    return tuple(x.shape[: int(ctx.attrs.get("in_num_col_dims", 1))]) if x.ndim else ()
+
+
 @register_op
 class FC(OpDef):
     """Out = act(flatten(Input) @ W + Bias): Paddle's mul + elementwise_add + act, fused."""
@@ -51,7 +56,8 @@ class FC(OpDef):
     def forward(self, ctx):
         x = ctx.input("Input")
         w = ctx.input("W")
-        rows = x.shape[0] if x.ndim else 1
+        lead = _fc_lead(ctx, x)
+        rows = int(np.prod(lead)) if lead else 1
         x2 = x.reshape(rows, -1)
         out = ctx.buffer("Out", (rows, w.shape[1]))
         np.matmul(x2, w, out=out)
@@ -59,16 +65,17 @@ class FC(OpDef):
         if b is not None:
             out += b
         _act_forward(ctx.attrs.get("act"), out)
-        ctx.set_output("Out", out)
+        ctx.set_output("Out", out if len(lead) == 1 else out.reshape(lead + (w.shape[1],)))
 
     def backward(self, ctx):
         x = ctx.input("Input")
         w = ctx.input("W")
-        out = ctx.input("Out")
-        g = ctx.input("Out@GRAD")
+        width = w.shape[1]
+        out = ctx.input("Out").reshape(-1, width)
+        g = ctx.input("Out@GRAD").reshape(-1, width)
         act = ctx.attrs.get("act")
         dpre = _act_backward(act, out, g, ctx.buffer("Out@GRAD", out.shape) if act else None)
-        x2 = x.reshape(x.shape[0], -1)
+        x2 = x.reshape(out.shape[0], -1)
         if ctx.wants("W@GRAD"):
             dw = ctx.buffer("W@GRAD", w.shape)
             np.matmul(x2.T, dpre, out=dw)
@@ -101,6 +108,23 @@ def _check_ids(ctx, flat, height):
         )
 
 
+def _table_and_ids(ctx, w, flat):
+    """Returns (array to gather from, ids into it, padding index into it).
+
+    Locally that is the table itself. On a distributed worker ``w`` holds the rows
+    prefetched for this batch; ids are mapped to positions among them, and so is the
+    padding id (which is fetched like any other id, then zeroed by the kernel).
+    """
+    if isinstance(w, PrefetchedRows):
+        pad = _padding(ctx, w.height)
+        if pad >= 0:
+            pos = int(np.searchsorted(w.ids, pad))
+            pad = pos if pos < len(w.ids) and w.ids[pos] == pad else -1
+        return w.values, w.local(flat), pad
+    _check_ids(ctx, flat, w.shape[0])
+    return w, flat, _padding(ctx, w.shape[0])
+
+
 def _padding(ctx, height):
     p = ctx.attrs.get("padding_idx", -1)
     if p is None:
@@ -119,9 +143,9 @@ class LookupTable(OpDef):
         w = ctx.input("W")
         ids = ctx.input("Ids")
         flat, offsets, shape = _ids_of(ctx, ids)
-        _check_ids(ctx, flat, w.shape[0])
+        table, local, pad = _table_and_ids(ctx, w, flat)
         out = np.empty((len(flat), w.shape[1]), dtype=np.float32)
-        emb.gather_rows(w, flat, _padding(ctx, w.shape[0]), out)
+        emb.gather_rows(table, local, pad, out)
         if offsets is not None:
             ctx.set_output("Out", LoDTensor(out, offsets))
         else:
@@ -222,11 +246,11 @@ class FusedEmbeddingSeqPool(OpDef):
         ids = ctx.input("Ids")
         if not isinstance(ids, LoDTensor):
             raise DataError(f"input {ctx.input_name('Ids')!r} must be a lod_level=1 value (ids per example)")
-        _check_ids(ctx, ids.values, w.shape[0])
+        table, local, pad = _table_and_ids(ctx, w, ids.values)
         pool = POOL_TYPES[ctx.attrs["pooltype"]]
         out = ctx.buffer("Out", (ids.batch_size, w.shape[1]))
         argmax = np.empty(out.shape, dtype=np.int64) if pool == 2 else _dummy_argmax()
-        emb.gather_pool(w, ids.values, ids.offsets, pool, _padding(ctx, w.shape[0]), out, argmax)
+        emb.gather_pool(table, local, ids.offsets, pool, pad, out, argmax)
         if pool == 2:
             ctx.set_output("MaxIndex", argmax)
         ctx.set_output("Out", out)

@@ -1,0 +1,179 @@
+"""Placement of parameters on servers: blocks exactly as Paddle's ``slice_variable``.
+
+A ``DistPlan`` says, for every trainable parameter, how it is split into blocks of whole
+rows and which server holds each block; ``is_distributed`` tables are not split but
+sharded by ``id % server_num`` into hash tables. Workers and servers compute the same
+plan from the same program and strategy, so they agree without talking.
+"""
+import math
+from dataclasses import dataclass, field
+
+from fleet.errors import ConfigError
+from fleet.framework.program import OPTIMIZE, Parameter
+
+DENSE, SPARSE, DISTRIBUTED = "dense", "sparse", "distributed"
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows [row_offset, row_offset + rows) of parameter ``param``, held by ``endpoint``."""
+
+    param: str
+    index: int
+    row_offset: int
+    rows: int
+    width: int
+    endpoint: str
+    split: bool = True
+
+    @property
+    def name(self):
+        return f"{self.param}.block{self.index}" if self.split else self.param
+
+
+@dataclass
+class ParamPlan:
+    """One trainable parameter: shape, kind, blocks and its optimizer."""
+
+    name: str
+    shape: tuple
+    kind: str  # DENSE, SPARSE (is_sparse table, row-range blocks) or DISTRIBUTED
+    rule_type: str
+    rule_attrs: dict
+    learning_rate: float
+    grad: str
+    blocks: list = field(default_factory=list)
+    init_spec: tuple = None
+    seed: int = 0
+
+    @property
+    def width(self):
+        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+
+    @property
+    def rows(self):
+        return self.shape[0] if self.shape else 1
+
+    def block_of_rows(self, rows):
+        """Returns the block index of each row id (row-range routing of SPARSE tables)."""
+        import numpy as np
+
+        starts = np.array([b.row_offset for b in self.blocks], dtype=np.int64)
+        return np.searchsorted(starts, rows, side="right") - 1
+
+
+def slice_variable(shape, slice_count, min_block_size):
+    """Splits a parameter into blocks as Paddle's ``slice_variable``.
+
+    Returns:
+        A list of element counts per block (each a whole number of rows for 2-D+).
+    """
+    numel = math.prod(shape) if shape else 1
+    max_pservers = max(numel // min_block_size, 1)
+    split_count = min(slice_count, max_pservers)
+    block_size = int(math.ceil(numel / float(split_count)))
+    if len(shape) >= 2:
+        width = math.prod(shape[1:])
+        remains = block_size % width
+        if remains:
+            block_size += width - remains
+    split_count = int(math.ceil(numel / float(block_size)))
+    return [min(block_size, numel - i * block_size) for i in range(split_count)]
+
+
+@dataclass
+class DistPlan:
+    """The placement of every trainable parameter for one job."""
+
+    mode: str
+    server_endpoints: list
+    worker_num: int
+    params: dict  # name -> ParamPlan, in optimizer-op order
+
+    def blocks_on(self, endpoint):
+        """Returns [(ParamPlan, Block)] that ``endpoint`` holds."""
+        return [(p, b) for p in self.params.values() for b in p.blocks if b.endpoint == endpoint]
+
+    def distributed_tables(self):
+        return [p for p in self.params.values() if p.kind == DISTRIBUTED]
+
+
+def _optimizer_ops(program):
+    return [op for op in program.global_block().ops if op.attr("op_role") == OPTIMIZE
+            and op.input("Param")]
+
+
+def build_plan(program, strategy, server_endpoints, worker_num):
+    """Computes the placement of ``program``'s trainable parameters.
+
+    Args:
+        program: the main program after the optimizer's ``minimize``.
+        strategy: a DistributedStrategy (mode, program config).
+        server_endpoints: "host:port" of every server, in server-index order.
+        worker_num: number of workers.
+
+    Raises:
+        ConfigError: two distributed tables (Paddle allows one), GEO with a distributed
+            table, or no optimizer ops (minimize was not called).
+    """
+    config = strategy.get_program_config()
+    if not server_endpoints:
+        raise ConfigError("a distributed plan needs at least one server endpoint (PADDLE_PSERVERS_IP_PORT_LIST)")
+    ops = _optimizer_ops(program)
+    if not ops:
+        raise ConfigError("the program has no optimizer ops: call distributed_optimizer(...).minimize(loss) first")
+    block = program.global_block()
+    slice_count = len(server_endpoints) if config.slice_var_up else 1
+    min_block = config.min_block_size
+    dispatcher = config.make_dispatcher(list(server_endpoints))
+    params = {}
+    distributed = []
+    for op in ops:
+        param = block.var(op.input("Param")[0])
+        if not isinstance(param, Parameter):
+            continue
+        if param.is_distributed:
+            kind = DISTRIBUTED
+            distributed.append(param.name)
+        elif param.is_sparse:
+            kind = SPARSE
+        else:
+            kind = DENSE
+        attrs = {k: v for k, v in op.attrs.items() if k not in ("op_role", "learning_rate", "is_test")}
+        plan = ParamPlan(param.name, tuple(param.shape), kind, op.type, attrs,
+                         float(op.attr("learning_rate")), op.input("Grad")[0])
+        if param.initializer is not None and hasattr(param.initializer, "spec"):
+            try:
+                plan.init_spec = param.initializer.spec(param.shape)
+            except NotImplementedError:
+                plan.init_spec = None
+        plan.seed = program._paired.seed_for(param.name) if program._paired else 0
+        params[param.name] = plan
+    if len(distributed) > 1:
+        raise ConfigError(f"all distributed lookup_table_ops should have only one table (got {distributed})")
+    if distributed and strategy.mode == "geo":
+        raise ConfigError(
+            "GeoStrategy can not support large scale embeding now, please use fluid.layers.embedding "
+            f"(table {distributed[0]!r} has is_distributed=True; use is_sparse=True with GEO)")
+    # Dispatch blocks in parameter order (Paddle dispatches grads and params alike).
+    dispatcher.reset()
+    for plan in params.values():
+        if plan.kind == DISTRIBUTED:
+            if plan.init_spec is None:
+                raise ConfigError(
+                    f"distributed table {plan.name!r} needs an initializer with a known "
+                    f"distribution (Constant, Uniform, Normal, TruncatedNormal, Xavier)")
+            plan.blocks = [Block(plan.name, i, 0, 0, plan.width, ep, split=True)
+                           for i, ep in enumerate(server_endpoints)]
+            continue
+        sizes = slice_variable(plan.shape, slice_count, min_block)
+        width = plan.width
+        split = len(sizes) > 1
+        names = [f"{plan.name}.block{i}" if split else plan.name for i in range(len(sizes))]
+        endpoints = dispatcher.dispatch(names)
+        offset = 0
+        for i, (size, ep) in enumerate(zip(sizes, endpoints)):
+            rows = size // width
+            plan.blocks.append(Block(plan.name, i, offset, rows, width, ep, split))
+            offset += rows
+    return DistPlan(strategy.mode, list(server_endpoints), int(worker_num), params)
