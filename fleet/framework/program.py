@@ -258,7 +258,8 @@ class Program:
         self._is_distributed = False
         self._is_test = False
         self._fleet_opt = None
-        self._dist_info = None  # set by the transpiler for a worker's program
+        self._dist_info = None  # the communicator of a distributed worker's program
+        self._build_strategy = None  # how train_from_dataset combines threads
 
     def _bump(self):
         self._version += 1
@@ -319,6 +320,7 @@ class Program:
         new._is_distributed = self._is_distributed
         new._fleet_opt = self._fleet_opt
         new._dist_info = self._dist_info
+        new._build_strategy = self._build_strategy
         new._is_test = for_test
         src, dst = self.global_block(), new.global_block()
         for name, var in src.vars.items():
