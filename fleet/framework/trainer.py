@@ -73,8 +73,10 @@ class DatasetTrainer:
         self._bar = None
         build = getattr(program, "_build_strategy", None)
         reduce_strategy = getattr(build, "reduce_strategy", None)
-        self.reduce = threads > 1 and getattr(reduce_strategy, "name", str(reduce_strategy)).endswith("Reduce")
         self.dist = getattr(program, "_dist_info", None)
+        # Sync and half-async workers average their threads' gradients every step.
+        barrier = bool(getattr(self.dist, "requires_thread_barrier", False))
+        self.reduce = threads > 1 and (barrier or getattr(reduce_strategy, "name", str(reduce_strategy)).endswith("Reduce"))
 
     # ---------------------------------------------------------------- helpers
     def _feed(self, runner, batch):

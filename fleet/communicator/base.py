@@ -1,0 +1,292 @@
+"""The worker side of the wire: routing gradients and parameters to and from servers.
+
+A ``Communicator`` belongs to one worker process. It knows the plan (which server holds
+which rows of which parameter), owns one transport client per server, and offers what
+the worker's ops and the runtime need: ``prefetch`` (rows of a server-side table for a
+batch), ``send`` (a step's gradients, as the strategy wants them), ``pull_dense``
+(refresh every dense parameter in the scope), ``barrier_worker``, ``all_to_all`` and
+``stop``. Subclasses implement ``send`` per strategy.
+
+Thread-safety: ``prefetch``, ``send`` and ``pull_dense`` may be called from several
+training threads; each call takes the client lock of the servers it talks to.
+"""
+import logging
+import threading
+
+import numpy as np
+
+from fleet.errors import ConfigError, DataError
+from fleet.framework.tensor import PrefetchedRows, SparseRows
+from fleet.transpiler.plan import DENSE, DISTRIBUTED, SPARSE
+
+log = logging.getLogger("fleet")
+
+
+class Communicator:
+    """Base of the four strategies' communicators.
+
+    Args:
+        plan: the job's DistPlan.
+        worker_id: this worker's index.
+        scope: the scope holding this worker's dense parameters.
+        flags: the strategy's communicator flags (ints).
+        connect: callable endpoint -> client (the transport's Client factory).
+    """
+
+    mode = None
+    requires_thread_barrier = False  # sync / half-async: threads meet each step
+
+    def __init__(self, plan, worker_id, scope, flags, connect):
+        self.plan = plan
+        self.worker_id = int(worker_id)
+        self.scope = scope
+        self.flags = dict(flags or {})
+        self._connect = connect
+        self.clients = {}
+        self.endpoints = list(plan.server_endpoints)
+        self._locks = {ep: threading.Lock() for ep in self.endpoints}
+        self.running = False
+        self.stats = {"requests": 0, "sends": 0, "pulls": 0, "prefetches": 0}
+        self._stats_lock = threading.Lock()
+        self.dense = [p for p in plan.params.values() if p.kind == DENSE]
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self):
+        """Connects to every server (the runtime waited for them to answer)."""
+        for ep in self.endpoints:
+            if ep not in self.clients:
+                self.clients[ep] = self._connect(ep)
+        self.running = True
+
+    def stop(self):
+        """Flushes pending sends, tells every server this worker is done, closes."""
+        if not self.running:
+            return
+        try:
+            self.flush()
+            self._all({ep: ("stop", [], [], None) for ep in self.endpoints})
+        finally:
+            self.running = False
+            for client in self.clients.values():
+                client.close()
+            self.clients.clear()
+
+    def flush(self):
+        """Sends whatever is queued (async / GEO); blocks until done."""
+
+    def _count(self, key, n=1):
+        with self._stats_lock:
+            self.stats[key] += n
+
+    # ------------------------------------------------------------------ requests
+    def _all(self, per_endpoint):
+        """Sends one request per endpoint at once and waits for every reply.
+
+        Args:
+            per_endpoint: {endpoint: (op, names, arrays, meta)}.
+
+        Returns:
+            {endpoint: reply}.
+        """
+        pending = []
+        for ep, (op, names, arrays, meta) in per_endpoint.items():
+            lock = self._locks[ep]
+            lock.acquire()
+            try:
+                seq = self.clients[ep].send_request(op, names=names, arrays=arrays, meta=meta)
+            except BaseException:
+                lock.release()
+                for ep2, _, _ in pending:
+                    self._locks[ep2].release()
+                raise
+            pending.append((ep, seq, op))
+        self._count("requests", len(pending))
+        replies = {}
+        error = None
+        for ep, seq, op in pending:
+            try:
+                if error is None:
+                    replies[ep] = self.clients[ep].recv_reply(seq)
+                else:
+                    self.clients[ep].discard(seq)
+            except BaseException as e:  # noqa: BLE001 - the first error is re-raised
+                error = error or e
+            finally:
+                self._locks[ep].release()
+        if error is not None:
+            raise error
+        return replies
+
+    # ------------------------------------------------------------------ routing
+    def split_grads(self, grads, scale=1.0):
+        """Groups a step's gradients by server.
+
+        Args:
+            grads: {grad name: dense array or SparseRows}.
+
+        Returns:
+            {endpoint: (names, arrays)}: dense blocks by block name; sparse rows as the
+            pair "<block>@ROWS" (global row ids) and "<block>@VALUES".
+        """
+        out = {ep: ([], []) for ep in self.endpoints}
+        by_grad = {p.grad: p for p in self.plan.params.values()}
+        for gname, value in grads.items():
+            pplan = by_grad.get(gname)
+            if pplan is None or value is None:
+                continue
+            if isinstance(value, SparseRows):
+                self._route_rows(pplan, value.rows, value.values, out)
+                continue
+            arr = np.ascontiguousarray(value, dtype=np.float32)
+            flat2 = arr.reshape(pplan.rows, -1) if arr.ndim != 1 else arr
+            for b in pplan.blocks:
+                names, arrays = out[b.endpoint]
+                names.append(b.name)
+                arrays.append(flat2[b.row_offset:b.row_offset + b.rows])
+        return out
+
+    def _route_rows(self, pplan, rows, values, out, suffix=""):
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        if pplan.kind == DISTRIBUTED:
+            shard = np.mod(rows, len(self.endpoints))
+            for i, ep in enumerate(self.endpoints):
+                sel = np.flatnonzero(shard == i)
+                if len(sel):
+                    names, arrays = out[ep]
+                    names += [pplan.name + "@ROWS", pplan.name + "@VALUES"]
+                    arrays += [rows[sel], values[sel]]
+            return
+        which = pplan.block_of_rows(rows)
+        for i, b in enumerate(pplan.blocks):
+            sel = np.flatnonzero(which == i) if len(pplan.blocks) > 1 else slice(None)
+            r = rows[sel]
+            if len(r):
+                names, arrays = out[b.endpoint]
+                names += [b.name + "@ROWS", b.name + "@VALUES"]
+                arrays += [r, values[sel]]
+
+    def _requests(self, op, per_endpoint, meta=None):
+        return {ep: (op, names, arrays, dict(meta or {}))
+                for ep, (names, arrays) in per_endpoint.items() if names or meta}
+
+    # ------------------------------------------------------------------ parameters
+    def pull_dense(self, params=None):
+        """Refreshes dense parameters in the scope (in place) from the servers; blocks."""
+        params = self.dense if params is None else params
+        per_ep = {}
+        for p in params:
+            for b in p.blocks:
+                per_ep.setdefault(b.endpoint, []).append(b.name)
+        replies = self._all({ep: ("pull_dense", names, [], None) for ep, names in per_ep.items()})
+        self._count("pulls")
+        for ep, reply in replies.items():
+            self._write_blocks(reply.names, reply.arrays)
+
+    def _write_blocks(self, names, arrays):
+        for name, value in zip(names, arrays):
+            pplan, block = self._block_by_name(name)
+            target = self.scope.find_var(pplan.name)
+            if target is None:
+                target = np.empty(pplan.shape, dtype=np.float32)
+                self.scope[pplan.name] = target
+            view = target.reshape(pplan.rows, -1) if target.ndim != 1 else target
+            np.copyto(view[block.row_offset:block.row_offset + block.rows], value.reshape(view[block.row_offset:block.row_offset + block.rows].shape))
+
+    def _block_by_name(self, name):
+        index = getattr(self, "_block_index", None)
+        if index is None:
+            index = self._block_index = {b.name: (p, b) for p in self.plan.params.values() for b in p.blocks}
+        try:
+            return index[name]
+        except KeyError:
+            raise DataError(f"a server sent block {name!r}, which is not in this worker's plan") from None
+
+    def pull_whole(self, pplan):
+        """Returns the whole value of an is_sparse table assembled from its blocks (GEO)."""
+        out = np.empty(pplan.shape, dtype=np.float32)
+        per_ep = {}
+        for b in pplan.blocks:
+            per_ep.setdefault(b.endpoint, []).append(b.name)
+        for ep, reply in self._all({ep: ("pull_dense", n, [], None) for ep, n in per_ep.items()}).items():
+            for name, value in zip(reply.names, reply.arrays):
+                _, b = self._block_by_name(name)
+                out[b.row_offset:b.row_offset + b.rows] = value.reshape(b.rows, -1)
+        return out
+
+    def prefetch(self, table, ids, is_test=False):
+        """Pulls the rows of ``table`` that ``ids`` name (blocks until they arrive).
+
+        Returns:
+            PrefetchedRows with the sorted unique ids and their values.
+
+        Raises:
+            DataError: an id outside an is_sparse table's rows (names table and id).
+        """
+        pplan = self.plan.params.get(table)
+        if pplan is None:
+            raise ConfigError(f"table {table!r} is not in this job's plan")
+        uniq = np.unique(np.asarray(ids, dtype=np.int64))
+        width = pplan.width
+        values = np.empty((len(uniq), width), dtype=np.float32)
+        if pplan.kind == SPARSE and len(uniq) and (uniq[0] < 0 or uniq[-1] >= pplan.rows):
+            bad = uniq[0] if uniq[0] < 0 else uniq[-1]
+            raise DataError(
+                f"embedding {table!r} has {pplan.rows} rows but got id {int(bad)}; ids must be in "
+                f"[0, {pplan.rows}): hash them into the table size or enlarge size[0]")
+        requests, slots = {}, {}
+        if pplan.kind == DISTRIBUTED:
+            shard = np.mod(uniq, len(self.endpoints))
+            for i, ep in enumerate(self.endpoints):
+                sel = np.flatnonzero(shard == i)
+                if len(sel):
+                    requests[ep] = ("pull_sparse", ["ids"], [uniq[sel]], {"table": table, "is_test": is_test})
+                    slots[ep] = sel
+        else:
+            which = pplan.block_of_rows(uniq)
+            for i, b in enumerate(pplan.blocks):
+                sel = np.flatnonzero(which == i)
+                if len(sel):
+                    if b.endpoint in requests:  # two blocks of one table on one server
+                        self._fill(values, sel, self._all({b.endpoint: ("pull_sparse", ["ids"], [uniq[sel]], {"table": b.name})})[b.endpoint])
+                        continue
+                    requests[b.endpoint] = ("pull_sparse", ["ids"], [uniq[sel]], {"table": b.name})
+                    slots[b.endpoint] = sel
+        if requests:
+            for ep, reply in self._all(requests).items():
+                self._fill(values, slots[ep], reply)
+        self._count("prefetches")
+        return PrefetchedRows(table, uniq, values, pplan.rows if pplan.kind == SPARSE else 2 ** 63 - 1)
+
+    @staticmethod
+    def _fill(values, sel, reply):
+        values[sel] = reply.arrays[0]
+
+    # ------------------------------------------------------------------ steps
+    def send(self, grads):
+        """Hands a step's gradients over as the strategy wants (see subclasses)."""
+        raise NotImplementedError
+
+    def geo_step(self, grads):
+        raise ConfigError(f"geo_step is only for GEO training; this worker runs {self.mode}")
+
+    # ------------------------------------------------------------------ coordination
+    def barrier_worker(self, timeout=None):
+        """Blocks until every live worker called it (server 0 coordinates)."""
+        self._all({self.endpoints[0]: ("barrier", [], [], None)})
+
+    def all_to_all(self, blobs):
+        """Sends blobs[j] to worker j; returns what every worker sent to this one."""
+        arrays = [np.frombuffer(bytes(b), dtype=np.uint8) for b in blobs]
+        reply = self._all({self.endpoints[0]: ("all_to_all", [f"to{j}" for j in range(len(arrays))], arrays, None)})
+        return [a.tobytes() for a in reply[self.endpoints[0]].arrays]
+
+    # hooks of train_from_dataset
+    def begin_pass(self, threads):
+        pass
+
+    def thread_finished(self):
+        pass
+
+    def end_pass(self):
+        self.flush()

@@ -1,0 +1,63 @@
+"""The ops a worker's transpiled program runs to talk to the servers.
+
+They reach the worker's communicator through ``program._dist_info`` (set by the runtime),
+so a test clone of the program (``clone(for_test=True)``) prefetches with the same
+communicator and sends nothing (its ``send`` op is dropped with the optimizer role).
+"""
+import numpy as np
+
+from fleet.errors import ConfigError
+from fleet.framework.registry import OpDef, register_op
+from fleet.framework.tensor import LoDTensor
+
+
+def _communicator(ctx):
+    comm = ctx.op.block.program._dist_info
+    if comm is None or not comm.running:
+        raise ConfigError(
+            "this worker is not connected to the servers: call fleet.init_worker() before "
+            "running fleet.main_program")
+    return comm
+
+
+@register_op
+class Prefetch(OpDef):
+    """Pulls the rows of a server-side table that this batch's ids need."""
+
+    type = "prefetch"
+
+    def forward(self, ctx):
+        comm = _communicator(ctx)
+        parts = []
+        for ids in ctx.inputs("Ids"):
+            if isinstance(ids, LoDTensor):
+                parts.append(ids.values)
+            elif ids is not None:
+                parts.append(np.asarray(ids, dtype=np.int64).reshape(-1))
+        all_ids = np.concatenate(parts) if len(parts) > 1 else (parts[0] if parts else np.zeros(0, np.int64))
+        rows = comm.prefetch(ctx.attrs["table"], all_ids, is_test=bool(ctx.attrs.get("is_test")))
+        ctx.local[ctx.output_name("Out")] = rows
+
+
+@register_op
+class Send(OpDef):
+    """Hands the step's gradients to the communicator (sync waits for the update)."""
+
+    type = "send"
+
+    def forward(self, ctx):
+        names = ctx.op.input("Grad")
+        values = ctx.inputs("Grad")
+        _communicator(ctx).send({n: v for n, v in zip(names, values) if v is not None})
+
+
+@register_op
+class GeoStep(OpDef):
+    """Counts a local GEO step and reports the sparse rows it touched."""
+
+    type = "geo_step"
+
+    def forward(self, ctx):
+        names = ctx.op.input("Grad")
+        values = ctx.inputs("Grad")
+        _communicator(ctx).geo_step({n: v for n, v in zip(names, values) if v is not None})
