@@ -108,7 +108,7 @@ class Communicator:
                 if error is None:
                     replies[ep] = self.clients[ep].recv_reply(seq)
                 else:
-                    self.clients[ep].discard(seq)
+                    self.clients[ep].cancel(seq)
             except BaseException as e:  # noqa: BLE001 - the first error is re-raised
                 error = error or e
             finally:
@@ -178,7 +178,7 @@ class Communicator:
         for p in params:
             for b in p.blocks:
                 per_ep.setdefault(b.endpoint, []).append(b.name)
-        replies = self._all({ep: ("pull_dense", names, [], None) for ep, names in per_ep.items()})
+        replies = self._all({ep: ("pull_dense", [], [], {"blocks": names}) for ep, names in per_ep.items()})
         self._count("pulls")
         for ep, reply in replies.items():
             self._write_blocks(reply.names, reply.arrays)
@@ -208,7 +208,7 @@ class Communicator:
         per_ep = {}
         for b in pplan.blocks:
             per_ep.setdefault(b.endpoint, []).append(b.name)
-        for ep, reply in self._all({ep: ("pull_dense", n, [], None) for ep, n in per_ep.items()}).items():
+        for ep, reply in self._all({ep: ("pull_dense", [], [], {"blocks": n}) for ep, n in per_ep.items()}).items():
             for name, value in zip(reply.names, reply.arrays):
                 _, b = self._block_by_name(name)
                 out[b.row_offset:b.row_offset + b.rows] = value.reshape(b.rows, -1)

@@ -106,14 +106,15 @@ class ParameterServer:
         req.reply(meta={"blocks": sorted(self.blocks), "shards": sorted(self.shards), "mode": self.mode})
 
     def _op_pull_dense(self, req):
+        names = list(req.meta.get("blocks", ()))
         out = []
-        for name in req.names:
+        for name in names:
             _, _, table = self._dense(name)
             value = table.pull()
             if self.dc_asgd:
                 self._bak[(req.worker, name)] = value.copy()
             out.append(value)
-        req.reply(names=req.names, arrays=out)
+        req.reply(names=names, arrays=out)
 
     def _op_pull_sparse(self, req):
         """Rows of an is_sparse block (global row ids) or of the distributed shard (ids)."""

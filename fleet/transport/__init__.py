@@ -1,1 +1,17 @@
+"""Layer 4: the wire. The only package that imports zmq and msgpack.
 
+A message is ``[msgpack header, *raw array frames]`` (``message``); servers bind a
+ROUTER (``ServerSocket``, ``Request``), workers hold one DEALER per server (``Client``,
+``request_all``, ``wait_for_servers``); CURVE keys (``CurveConfig``) make sockets
+authenticated and encrypted. Environment variables: ``settings`` and docs/env.md.
+"""
+from fleet.transport.client import Client, Reply, request_all, wait_for_servers
+from fleet.transport.curve import CurveConfig, generate_keys
+from fleet.transport.message import DTYPES, PROTOCOL_VERSION, Message, decode, encode
+from fleet.transport.server import PING_OP, Request, ServerSocket, parse_endpoint, serve_in_thread
+
+__all__ = [
+    "Client", "CurveConfig", "DTYPES", "Message", "PING_OP", "PROTOCOL_VERSION", "Reply", "Request",
+    "ServerSocket", "decode", "encode", "generate_keys", "parse_endpoint", "request_all", "serve_in_thread",
+    "wait_for_servers",
+]

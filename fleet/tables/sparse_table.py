@@ -1,0 +1,407 @@
+"""A server's sparse table: int64 id -> float32 row of width ``dim``, created on first use.
+
+Rows live in one growable float32 [capacity, dim] array indexed by row number (the
+hash index of ``fleet.kernels.hashtable`` maps ids to rows); per-row optimizer state
+lives in parallel arrays indexed by the same row, scalar state (Adam's beta powers) beside
+them. Capacity doubles when full; the copy moves only rows in use, and capacity past
+``size`` is never written, so the OS backs only rows in use with memory. A new row's
+initial value depends only on (seed, id), so a run gives the same table whatever order
+ids arrive in.
+
+Memory per row (SGD, dim 10): 40 bytes of values + 8 of id + 11-23 of hash slots.
+"""
+import threading
+
+import numpy as np
+
+from fleet.errors import ConfigError, DataError
+from fleet.kernels import sparse
+from fleet.kernels.hashtable import (
+    INIT_CONSTANT,
+    INIT_NORMAL,
+    INIT_TRUNCATED_NORMAL,
+    INIT_UNIFORM,
+    HashIndex,
+    fill_rows,
+    init_rows,
+    take_rows,
+)
+from fleet.tables.changes import ChangeTracker
+
+_INITIALIZERS = {
+    "uniform": (INIT_UNIFORM, ("low", "high")),
+    "normal": (INIT_NORMAL, ("mean", "std")),
+    "truncated_normal": (INIT_TRUNCATED_NORMAL, ("mean", "std")),
+    "constant": (INIT_CONSTANT, ("value",)),
+}
+
+
+def parse_initializer(spec):
+    """Returns (kind, a, b) from ("uniform", low, high) | ("normal", mean, std) |
+    ("truncated_normal", mean, std) | ("constant", value).
+
+    Raises:
+        ConfigError: the spec is none of these (the message shows it and the forms).
+    """
+    forms = " | ".join(f"({name!r}, {', '.join(args)})" for name, (_, args) in _INITIALIZERS.items())
+    if not isinstance(spec, (tuple, list)) or not spec or spec[0] not in _INITIALIZERS:
+        raise ConfigError(f"initializer {spec!r} is not one of {forms}")
+    kind, args = _INITIALIZERS[spec[0]]
+    if len(spec) != 1 + len(args):
+        raise ConfigError(f"initializer {tuple(spec)!r} needs {len(args)} numbers: use one of {forms}")
+    try:
+        numbers = [float(x) for x in spec[1:]]
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"initializer {tuple(spec)!r} has a non-number argument; use one of {forms}") from e
+    if kind == INIT_UNIFORM and not numbers[0] <= numbers[1]:
+        raise ConfigError(f"initializer {tuple(spec)!r}: low must not exceed high")
+    if kind in (INIT_NORMAL, INIT_TRUNCATED_NORMAL) and numbers[1] < 0:
+        raise ConfigError(f"initializer {tuple(spec)!r}: std must be >= 0")
+    numbers += [0.0] * (2 - len(numbers))
+    return kind, numbers[0], numbers[1]
+
+
+class SparseTable:
+    """An int64-keyed embedding table with lazily created rows and optimizer state.
+
+    Thread-safe: every method takes the table's lock; the numba kernels inside release
+    the GIL, so different tables update in parallel. No method blocks on anything but
+    that lock.
+
+    Args:
+        name: the table's parameter name (used in messages).
+        dim: row width.
+        rule: optimizer rule (``fleet.optimizer.rules``: ``state_names``, ``init_state``,
+            ``apply_sparse``).
+        initializer: initial value spec, see ``parse_initializer``.
+        seed: seed of the initial values (row value = f(seed, id)).
+        track_workers: keep, for workers 0 .. n-1, the rows changed since each one's last
+            ``pull_changed`` (GEO); 0 disables.
+        capacity: rows to allocate room for up front.
+
+    Raises:
+        ConfigError: bad dim, initializer or rule state.
+    """
+
+    def __init__(self, name, dim, rule, initializer, seed=0, track_workers=0, capacity=1024):
+        if int(dim) < 1:
+            raise ConfigError(f"sparse table {name!r}: dim must be >= 1; got {dim}")
+        self.name = name
+        self.dim = int(dim)
+        self.rule = rule
+        self.initializer = tuple(initializer)
+        self.seed = int(seed)
+        if not -(1 << 63) <= self.seed < (1 << 64):
+            raise ConfigError(f"sparse table {name!r}: seed {seed} does not fit in 64 bits")
+        # the kernel takes the seed's 64 bits as a signed int64
+        self._seed64 = self.seed - (1 << 64) if self.seed >= (1 << 63) else self.seed
+        self._init = parse_initializer(initializer)
+        self._lock = threading.Lock()
+        capacity = max(int(capacity), 16)
+        self._index = HashIndex(capacity)
+        self._values = np.empty((capacity, self.dim), dtype=np.float32)
+        self._row_template, self._scalar_state = _split_state(rule, self.dim, name)
+        self._row_state = {
+            key: np.empty((capacity, self.dim), dtype=row.dtype) for key, row in self._row_template.items()
+        }
+        self._changes = ChangeTracker(track_workers, capacity) if track_workers else None
+
+    @property
+    def size(self):
+        """Number of rows in the table."""
+        return self._index.size
+
+    def __len__(self):
+        return self._index.size
+
+    # ------------------------------------------------------------------------- reads
+
+    def pull(self, ids, create=True, out=None):
+        """Returns float32 [n, dim]: the row of each id.
+
+        Args:
+            ids: int64 [n] (repeats allowed).
+            create: create missing rows with their initial value (training); with False,
+                missing ids read as zero rows and nothing is created (Paddle's is_test).
+            out: optional float32 [n, dim] C-contiguous output.
+        """
+        ids = _ids(ids, self.name)
+        if out is None:
+            out = np.empty((len(ids), self.dim), dtype=np.float32)
+        elif out.shape != (len(ids), self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise DataError(f"sparse table {self.name!r}: out must be float32 C-contiguous {(len(ids), self.dim)}")
+        with self._lock:
+            rows = self._rows(ids) if create else self._index.lookup(ids)
+            take_rows(self._values, rows, out)
+        return out
+
+    def contains(self, ids):
+        """Returns a bool [n] array: which ids have a row. Creates nothing."""
+        ids = _ids(ids, self.name)
+        with self._lock:
+            return self._index.lookup(ids) >= 0
+
+    def pull_changed(self, worker):
+        """Returns (ids int64 [m], values float32 [m, dim]) of rows changed since ``worker``'s last call.
+
+        Rows are changed by ``push`` and ``add`` from any worker; creation alone does
+        not count. Rows come in order of first change.
+
+        Raises:
+            ConfigError: change tracking is off or ``worker`` is out of range.
+        """
+        with self._lock:
+            if self._changes is None:
+                raise ConfigError(
+                    f"sparse table {self.name!r} does not track changed rows; create it with track_workers=N"
+                )
+            rows = self._changes.take(worker)
+            values = np.empty((len(rows), self.dim), dtype=np.float32)
+            take_rows(self._values, rows, values)
+            return self._index.row_ids[rows], values
+
+    # ------------------------------------------------------------------------ writes
+
+    def push(self, ids, grads, lr):
+        """Applies the optimizer rule to the rows of ``ids`` with gradient rows ``grads``.
+
+        Missing rows are created first. Duplicate ids are merged by the rule (summed).
+
+        Args:
+            ids: int64 [n]; grads: float32 [n, dim]; lr: learning rate (float).
+
+        Raises:
+            DataError: grads is not [len(ids), dim].
+        """
+        ids = _ids(ids, self.name)
+        grads = self._rows_arg(grads, len(ids), "grads")
+        with self._lock:
+            rows = self._rows(ids)
+            size = self._index.size
+            state = self._state_view(size)
+            self.rule.apply_sparse(self._values[:size], rows, grads, state, float(lr))
+            self._keep_scalars(state)
+            if self._changes is not None:
+                self._changes.mark(rows)
+
+    def push_rows(self, sparse_rows, lr):
+        """``push`` of a SparseRows-like object whose ``rows`` are ids and ``values`` gradients."""
+        self.push(sparse_rows.rows, sparse_rows.values, lr)
+
+    def add(self, ids, deltas):
+        """Adds ``deltas`` to the rows of ``ids`` (GEO); repeats accumulate; missing rows are created.
+
+        Raises:
+            DataError: deltas is not [len(ids), dim].
+        """
+        ids = _ids(ids, self.name)
+        deltas = self._rows_arg(deltas, len(ids), "deltas")
+        with self._lock:
+            rows = self._rows(ids)
+            sparse.scatter_add(self._values, rows, deltas)
+            if self._changes is not None:
+                self._changes.mark(rows)
+
+    # ------------------------------------------------------------------- save / load
+
+    def state_dict(self):
+        """Returns copies of every array: ``ids`` [n], ``values`` [n, dim], ``state.<name>``.
+
+        Rows are in creation order; per-row state has one row per id, scalar state its own
+        shape. ``load_state_dict`` of the result rebuilds a bit-identical table.
+        """
+        with self._lock:
+            return self._chunk(0, self._index.size)
+
+    def iter_chunks(self, chunk_rows=1 << 16):
+        """Yields ``state_dict``-shaped dicts over consecutive row ranges (for streaming saves).
+
+        Each chunk is copied under the lock, so it is consistent in itself; rows created
+        while iterating are included. For one consistent snapshot use ``state_dict``.
+        """
+        chunk_rows = int(chunk_rows)
+        if chunk_rows < 1:
+            raise ConfigError(f"sparse table {self.name!r}: chunk_rows must be >= 1; got {chunk_rows}")
+        start, first = 0, True
+        while True:
+            with self._lock:
+                size = self._index.size
+                if start >= size and not first:
+                    return
+                stop = min(start + chunk_rows, size)
+                chunk = self._chunk(start, stop)
+            first = False
+            yield chunk
+            start = stop
+
+    def load_state_dict(self, state):
+        """Replaces the table's content with ``state`` (as ``state_dict`` returns).
+
+        ``ids`` may be any unique subset of ids (e.g. one server's share after a
+        re-split); rows get numbers in the given order. Pending changed rows are cleared.
+
+        Raises:
+            ConfigError: a key is missing, an id repeats, or a shape or dtype does not fit.
+        """
+        ids = _ids(_need(state, "ids", self.name), self.name)
+        n = len(ids)
+        values = _need(state, "values", self.name)
+        _check_shape(values, (n, self.dim), np.float32, "values", self.name)
+        rows_in = {}
+        for key, row in self._row_template.items():
+            arr = _need(state, f"state.{key}", self.name)
+            _check_shape(arr, (n, self.dim), row.dtype, f"state.{key}", self.name)
+            rows_in[key] = arr
+        scalars_in = {}
+        for key, arr0 in self._scalar_state.items():
+            arr = _need(state, f"state.{key}", self.name)
+            _check_shape(arr, arr0.shape, arr0.dtype, f"state.{key}", self.name)
+            scalars_in[key] = arr
+        with self._lock:
+            index = HashIndex()
+            index.load_ids(ids)
+            capacity = max(n, 16)
+            self._values = np.empty((capacity, self.dim), dtype=np.float32)
+            self._values[:n] = values
+            for key, arr in rows_in.items():
+                self._row_state[key] = np.empty((capacity, self.dim), dtype=arr.dtype)
+                self._row_state[key][:n] = arr
+            for key, arr in scalars_in.items():
+                self._scalar_state[key] = np.array(arr, copy=True)
+            self._index = index
+            if self._changes is not None:
+                self._changes.clear()
+                self._changes.ensure_rows(capacity)
+
+    # ----------------------------------------------------------------------- memory
+
+    def memory_bytes(self):
+        """Bytes the table occupies: rows in use (values + per-row state), the index, tracking.
+
+        Reserved capacity past ``size`` is not counted: it is never written, so the OS does
+        not back it with memory.
+        """
+        with self._lock:
+            size = self._index.size
+            row_bytes = self._values.itemsize * self.dim
+            row_bytes += sum(a.itemsize * self.dim for a in self._row_state.values())
+            total = size * row_bytes + self._index.memory_bytes()
+            total += sum(a.nbytes for a in self._scalar_state.values())
+            if self._changes is not None:
+                total += self._changes.memory_bytes()
+            return total
+
+    def bytes_per_row(self):
+        """``memory_bytes() / size`` (0.0 for an empty table)."""
+        size = self.size
+        return self.memory_bytes() / size if size else 0.0
+
+    def __repr__(self):
+        return (f"SparseTable({self.name!r}, dim={self.dim}, rows={self.size}, "
+                f"rule={type(self.rule).__name__}, initializer={self.initializer!r}, seed={self.seed})")
+
+    # ---------------------------------------------------------------------- private
+
+    def _rows(self, ids):
+        """Rows of ``ids``, creating and initializing missing ones. Caller holds the lock."""
+        before = self._index.size
+        rows, created = self._index.lookup_or_insert(ids)
+        if created:
+            after = self._index.size
+            self._ensure_capacity(after, before)
+            kind, a, b = self._init
+            init_rows(self._values, self._index.row_ids, before, after, kind, a, b, self._seed64)
+            for key, row in self._row_template.items():
+                fill_rows(self._row_state[key], before, after, row)
+        return rows
+
+    def _ensure_capacity(self, rows, size):
+        """Makes room for ``rows`` rows, keeping the first ``size`` (those initialized)."""
+        capacity = len(self._values)
+        if rows <= capacity:
+            return
+        capacity = max(rows, 2 * capacity)
+        self._values = _grown(self._values, capacity, size)
+        for key in self._row_state:
+            self._row_state[key] = _grown(self._row_state[key], capacity, size)
+        if self._changes is not None:
+            self._changes.ensure_rows(capacity)
+
+    def _state_view(self, size):
+        state = {key: arr[:size] for key, arr in self._row_state.items()}
+        state.update(self._scalar_state)
+        return state
+
+    def _keep_scalars(self, state):
+        # a rule updates scalar state in place; keep whatever it left, should it rebind
+        for key in self._scalar_state:
+            self._scalar_state[key] = state[key]
+
+    def _chunk(self, start, stop):
+        out = {"ids": self._index.row_ids[start:stop].copy(), "values": self._values[start:stop].copy()}
+        for key, arr in self._row_state.items():
+            out[f"state.{key}"] = arr[start:stop].copy()
+        for key, arr in self._scalar_state.items():
+            out[f"state.{key}"] = np.array(arr, copy=True)
+        return out
+
+    def _rows_arg(self, values, n, what):
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        if values.shape != (n, self.dim):
+            raise DataError(
+                f"sparse table {self.name!r}: {what} has shape {values.shape}, expected {(n, self.dim)} "
+                f"(one row of width {self.dim} per id)"
+            )
+        return values
+
+
+def _split_state(rule, dim, name):
+    """Returns ({row state: initial row}, {scalar state: array}) from ``rule.init_state``."""
+    state = rule.init_state((2, dim))
+    missing = [key for key in rule.state_names if key not in state]
+    if missing:
+        raise ConfigError(f"sparse table {name!r}: rule {rule!r} init_state() lacks {missing}")
+    row_names = getattr(rule, "row_state_names", None)
+    if row_names is None:
+        row_names = [key for key, arr in state.items() if np.shape(arr) == (2, dim)]
+    rows, scalars = {}, {}
+    for key, arr in state.items():
+        arr = np.asarray(arr)
+        if key in row_names:
+            if arr.shape != (2, dim):
+                raise ConfigError(f"sparse table {name!r}: per-row state {key!r} has shape {arr.shape}, "
+                                  f"expected {(2, dim)} from init_state((2, {dim}))")
+            rows[key] = np.ascontiguousarray(arr[0])
+        else:
+            scalars[key] = np.array(arr, copy=True)
+    return rows, scalars
+
+
+def _grown(arr, capacity, size):
+    # np.empty: pages past `size` stay untouched (not resident) until rows are created
+    grown = np.empty((capacity,) + arr.shape[1:], dtype=arr.dtype)
+    grown[:size] = arr[:size]
+    return grown
+
+
+def _ids(ids, name):
+    ids = np.asarray(ids)
+    if ids.dtype == np.int64 and ids.ndim == 1 and ids.flags.c_contiguous:
+        return ids
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise DataError(f"sparse table {name!r}: ids must be integers; got dtype {ids.dtype}")
+    return np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+
+
+def _need(state, key, name):
+    if key not in state:
+        raise ConfigError(f"sparse table {name!r}: the state to load has no {key!r}; keys are {sorted(state)}")
+    return np.asarray(state[key])
+
+
+def _check_shape(arr, shape, dtype, key, name):
+    if arr.shape != tuple(shape) or arr.dtype != dtype:
+        raise ConfigError(
+            f"sparse table {name!r}: {key!r} to load is {arr.dtype}{list(arr.shape)}, "
+            f"expected {np.dtype(dtype)}{list(shape)}"
+        )

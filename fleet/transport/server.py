@@ -1,0 +1,320 @@
+"""The server side of the wire: a ROUTER socket, a serve loop and requests to answer.
+
+Threading: ZeroMQ sockets are not thread-safe, so only the thread running ``serve`` /
+``serve_once`` touches the socket. A handler may answer a request at once, or call
+``request.defer()`` and answer later from any thread (a sync barrier answers every
+waiting worker when the last one arrives): such a reply is queued and the serving thread
+is woken through a pipe it polls next to the socket, then sends it.
+"""
+import collections
+import logging
+import os
+import threading
+
+import zmq
+
+from fleet.errors import ConfigError, FleetError, TransportError
+from fleet.transport import message, settings
+from fleet.transport.curve import zap_registry
+
+log = logging.getLogger("fleet.transport")
+
+PING_OP = "ping"
+_BATCH = 256  # messages handled per wake-up before checking the reply queue and the stop flag
+
+
+def parse_endpoint(endpoint):
+    """Returns (host, port) of "host:port".
+
+    Raises:
+        ConfigError: the text is not host:port with a port in 0..65535.
+    """
+    host, sep, port = str(endpoint).rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"endpoint {endpoint!r} is not host:port (e.g. 127.0.0.1:6174)")
+    return host, int(port)
+
+
+class Request(message.Message):
+    """A decoded request, with the means to answer it (once).
+
+    ``reply`` / ``reply_error`` may be called from the serving thread (sent at once) or,
+    after ``defer()``, from any thread (queued for the serving thread). Arrays are sent
+    without a copy: do not modify them after passing them to ``reply``.
+    """
+
+    __slots__ = ("_server", "_identity", "_answered", "deferred")
+
+    def __init__(self, server, identity, header, arrays):
+        super().__init__(header, arrays)
+        self._server = server
+        self._identity = identity
+        self._answered = False
+        self.deferred = False
+
+    @property
+    def answered(self):
+        """True once ``reply`` or ``reply_error`` was called."""
+        return self._answered
+
+    def defer(self):
+        """Declares that the handler will answer later (possibly from another thread)."""
+        self.deferred = True
+
+    def reply(self, names=(), arrays=(), meta=None):
+        """Answers with arrays and op-specific fields. Thread-safe; never blocks.
+
+        Raises:
+            TransportError: already answered, or the arrays/meta are invalid (nothing is sent).
+        """
+        frames = message.encode(self.op, self.seq, self.worker, names, arrays, meta, ok=True,
+                                max_bytes=self._server.max_message_bytes)
+        self._send(frames)
+
+    def reply_error(self, text):
+        """Answers with an error; the worker raises ``ServerError(endpoint, text)``. Thread-safe."""
+        frames = message.encode(self.op, self.seq, self.worker, ok=False, error=str(text))
+        self._send(frames)
+        self._server._count("error_replies")
+
+    def _send(self, frames):
+        if self._answered:
+            raise TransportError(f"request {self.seq} ({self.op!r} from worker {self.worker}) was already answered")
+        self._answered = True
+        self._server._post(self._identity, frames)
+
+
+class ServerSocket:
+    """A bound ROUTER socket that serves requests of ``fleet.transport.Client``s.
+
+    Args:
+        endpoint: "host:port" to bind; port 0 picks a free port (see ``endpoint`` after).
+        curve: a ``CurveConfig`` to require CURVE authentication, or None (off).
+        max_message_bytes: largest request accepted (default FLEET_MAX_MESSAGE_BYTES).
+
+    Raises:
+        TransportError: the port is taken (the message names it and the fix) or the host
+            is not an address of this machine. Never binds another port instead.
+        ConfigError: a bad endpoint or incomplete CURVE keys.
+    """
+
+    def __init__(self, endpoint, curve=None, max_message_bytes=None):
+        host, port = parse_endpoint(endpoint)
+        self.max_message_bytes = max_message_bytes or settings.max_message_bytes()
+        self._stats = collections.Counter()
+        self._stats_lock = threading.Lock()
+        self._outbox = collections.deque()
+        self._serving = None
+        self._closed = False
+        self._zap_domain = None
+        sock = zmq.Context.instance().socket(zmq.ROUTER)
+        try:
+            sock.linger = 0
+            # a single frame larger than any valid message is cut off by ZeroMQ itself
+            sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + message.MAX_HEADER_BYTES)
+            if curve is not None:
+                self._zap_domain = zap_registry.register(curve.authorized_clients)
+                curve.apply_server(sock, self._zap_domain)
+            sock.bind(f"tcp://{host}:{port}")
+        except zmq.ZMQError as e:
+            self._release(sock)
+            raise _bind_error(host, port, e) from e
+        except BaseException:
+            self._release(sock)
+            raise
+        self._sock = sock
+        bound = sock.last_endpoint.decode().rpartition(":")[2]
+        self.host, self.port = host, int(bound)
+        self.endpoint = f"{host}:{self.port}"
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+
+    def serve(self, handler, stop_event, poll_ms=100):
+        """Serves requests until ``stop_event`` (a threading.Event) is set. Blocks.
+
+        Each request is decoded and passed to ``handler(request)``, which answers it with
+        ``request.reply`` / ``reply_error`` or defers it (``request.defer()``). A handler
+        exception becomes an error reply carrying its message; a malformed message is
+        answered with an error and counted; "ping" is answered here. Nothing a peer sends
+        stops the loop.
+
+        Args:
+            handler: callable(Request).
+            stop_event: checked at least every ``poll_ms`` milliseconds.
+        """
+        while not stop_event.is_set():
+            self.serve_once(handler, poll_ms)
+
+    def serve_once(self, handler, timeout_ms):
+        """Waits up to ``timeout_ms`` for requests or queued replies and handles what is ready.
+
+        Returns:
+            the number of requests handled.
+        """
+        self._check_open()
+        self._serving = threading.get_ident()
+        try:
+            ready = dict(self._poller.poll(timeout_ms))
+            if self._wake_r in ready:
+                self._drain_wake()
+            self._flush()
+            handled = 0
+            while self._sock in ready and handled < _BATCH:
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                try:
+                    self._handle(handler, frames)
+                except Exception:  # a bug here must not stop the server; it is logged and counted
+                    self._count("internal_errors")
+                    log.exception("unexpected error while handling a message on %s", self.endpoint)
+                handled += 1
+            self._flush()
+            return handled
+        finally:
+            self._serving = None
+
+    def stats(self):
+        """Returns a dict of counters: received, replies, error_replies, malformed, dropped,
+        handler_errors, pings, deferred, send_failures, internal_errors. Thread-safe (a snapshot)."""
+        keys = ("received", "replies", "error_replies", "malformed", "dropped", "handler_errors",
+                "pings", "deferred", "send_failures", "internal_errors")
+        with self._stats_lock:
+            snapshot = dict(self._stats)
+        return {k: snapshot.get(k, 0) for k in keys}
+
+    def close(self):
+        """Closes the socket (linger 0: queued replies are dropped). Call after serving stopped."""
+        if self._closed:
+            return
+        self._closed = True
+        self._release(self._sock)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"ServerSocket({self.endpoint!r}{', curve' if self._zap_domain else ''})"
+
+    # ---------------------------------------------------------------------- private
+
+    def _handle(self, handler, frames):
+        self._count("received")
+        if len(frames) < 2:
+            self._count("dropped")
+            return
+        identity = frames[0].bytes
+        try:
+            request = message.decode(frames[1:], self.max_message_bytes)
+        except TransportError as e:
+            self._count("malformed")
+            op, seq, worker = message.salvage(frames[1])
+            log.debug("malformed message from %r answered with an error: %s", identity, e)
+            self._post(identity, message.encode(op, seq, worker, ok=False, error=f"malformed message: {e}"))
+            self._count("error_replies")
+            return
+        request = Request(self, identity, request.header, request.arrays)
+        if request.op == PING_OP:
+            self._count("pings")
+            request.reply(meta={"endpoint": self.endpoint})
+            return
+        try:
+            handler(request)
+        except Exception as e:  # the server keeps serving; the worker sees the message
+            self._count("handler_errors")
+            text = str(e) if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+            log.warning("handler for %r (request %d from worker %d) failed: %s", request.op, request.seq,
+                        request.worker, text, exc_info=not isinstance(e, FleetError))
+            if not request.answered:
+                request.reply_error(text)
+            return
+        if request.deferred and not request.answered:
+            self._count("deferred")
+        elif not request.answered:
+            request.reply_error(f"the server's handler returned without answering {request.op!r} (a server bug)")
+
+    def _count(self, key):
+        with self._stats_lock:
+            self._stats[key] += 1
+
+    def _post(self, identity, frames):
+        if self._serving == threading.get_ident():
+            self._send(identity, frames)
+            return
+        self._outbox.append((identity, frames))
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+        except OSError:
+            self._count("send_failures")  # closed: the reply cannot be sent any more
+
+    def _flush(self):
+        while self._outbox:
+            identity, frames = self._outbox.popleft()
+            self._send(identity, frames)
+
+    def _send(self, identity, frames):
+        try:
+            # ROUTER drops a message to a peer that is gone or whose queue is full
+            self._sock.send_multipart([identity, *frames], copy=False)
+            self._count("replies")
+        except zmq.ZMQError as e:
+            self._count("send_failures")
+            log.warning("could not send a reply from %s: %s", self.endpoint, e)
+
+    def _drain_wake(self):
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _check_open(self):
+        if self._closed:
+            raise TransportError(f"server socket {self.endpoint} is closed")
+
+    def _release(self, sock):
+        sock.close(linger=0)
+        if self._zap_domain is not None:
+            zap_registry.unregister(self._zap_domain)
+            self._zap_domain = None
+
+
+def _bind_error(host, port, error):
+    if error.errno == zmq.EADDRINUSE:
+        return TransportError(
+            f"cannot bind {host}:{port}: port {port} is already in use. Stop the process holding it "
+            f"(e.g. a server left from an earlier run; `ss -ltnp | grep :{port}` shows it) or give this "
+            f"server another port (PADDLE_PORT, PADDLE_PSERVERS_IP_PORT_LIST or fleetrun --start_port)"
+        )
+    if error.errno in (zmq.EADDRNOTAVAIL, zmq.ENODEV):
+        return TransportError(
+            f"cannot bind {host}:{port}: {host!r} is not an address of this machine ({error.strerror}); "
+            f"set POD_IP / PADDLE_PSERVERS_IP_PORT_LIST to an address of this host"
+        )
+    return TransportError(f"cannot bind {host}:{port}: {error.strerror}")
+
+
+def serve_in_thread(server, handler, poll_ms=50, name=None):
+    """Starts ``server.serve(handler, ...)`` in a daemon thread; returns (thread, stop_event).
+
+    Stop with ``stop_event.set(); thread.join(timeout)``, then ``server.close()``.
+    """
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(handler, stop, poll_ms),
+                              name=name or f"fleet-serve-{server.port}", daemon=True)
+    thread.start()
+    return thread, stop
+
