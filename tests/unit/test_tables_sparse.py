@@ -1,0 +1,264 @@
+"""SparseTable: lazy rows, order-independent initial values, optimizer rules, GEO, save/load."""
+import threading
+
+import numpy as np
+import pytest
+
+from fleet.errors import ConfigError, DataError
+from fleet.optimizer.rules import AdagradRule, AdamRule, SGDRule
+from fleet.tables import SparseTable
+from fleet.tables.sparse_table import parse_initializer
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class PlainSGD:
+    """The rule interface in its simplest form, independent of fleet.optimizer."""
+
+    state_names = ()
+
+    def init_state(self, shape):
+        return {}
+
+    def apply_dense(self, param, grad, state, lr):
+        param -= np.float32(lr) * grad
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        np.subtract.at(param, rows, np.float32(lr) * values)
+
+
+class CountingRule:
+    """A rule with per-row state and a scalar step counter, to test how state is kept."""
+
+    state_names = ("hits", "steps")
+
+    def init_state(self, shape):
+        return {"hits": np.zeros(shape, dtype=np.float32), "steps": np.zeros(1, dtype=np.float64)}
+
+    def apply_dense(self, param, grad, state, lr):
+        raise AssertionError("not used by sparse tables")
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        np.add.at(state["hits"], rows, 1.0)
+        np.subtract.at(param, rows, np.float32(lr) * values)
+        state["steps"][0] += 1
+
+
+def make_table(rule=None, initializer=("uniform", -1.0, 1.0), **kw):
+    return SparseTable("emb", 4, rule or SGDRule(), initializer, seed=kw.pop("seed", 11), **kw)
+
+
+@pytest.mark.parametrize("rule", [PlainSGD(), SGDRule()], ids=["plain_sgd", "fleet_sgd"])
+def test_pull_after_n_pushes_of_v_from_w_workers_equals_the_sgd_value(rule):
+    table = make_table(rule, initializer=("constant", 2.0))
+    ids = np.array([3, INT64_MIN, 77, INT64_MAX, 0], dtype=np.int64)
+    workers, pushes, lr = 4, 25, 0.25
+    grads = np.full((len(ids), 4), 0.5, dtype=np.float32)
+
+    def worker():
+        for _ in range(pushes):
+            table.push(ids, grads, lr)
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    expected = 2.0 - lr * 0.5 * pushes * workers
+    np.testing.assert_array_equal(table.pull(ids), np.full((len(ids), 4), expected, dtype=np.float32))
+
+
+def test_initial_values_do_not_depend_on_arrival_order():
+    ids = np.random.default_rng(0).integers(INT64_MIN, INT64_MAX, size=5000, dtype=np.int64)
+    forward, backward = make_table(), make_table()
+    forward.pull(ids)
+    for chunk in np.array_split(ids[::-1], 7):
+        backward.pull(chunk)
+    np.testing.assert_array_equal(forward.pull(ids), backward.pull(ids))
+
+
+def test_initial_values_depend_on_the_seed():
+    ids = np.arange(10, dtype=np.int64)
+    assert not np.array_equal(make_table(seed=1).pull(ids), make_table(seed=2).pull(ids))
+
+
+def test_pull_creates_rows_once_and_repeats_read_the_same_row():
+    table = make_table()
+    first = table.pull(np.array([9, 9, -9], dtype=np.int64))
+    assert table.size == 2
+    np.testing.assert_array_equal(first[0], first[1])
+    np.testing.assert_array_equal(table.pull(np.array([-9], dtype=np.int64))[0], first[2])
+
+
+def test_pull_without_create_reads_zeros_and_creates_nothing():
+    table = make_table()
+    known = table.pull(np.array([1], dtype=np.int64))
+    out = table.pull(np.array([1, 2], dtype=np.int64), create=False)
+    np.testing.assert_array_equal(out, np.vstack([known, np.zeros((1, 4), np.float32)]))
+    assert table.size == 1
+    assert table.contains(np.array([1, 2])).tolist() == [True, False]
+
+
+def test_push_merges_duplicate_ids():
+    table = make_table(PlainSGD(), initializer=("constant", 0.0))
+    table.push(np.array([5, 5, 6]), np.ones((3, 4), np.float32), 1.0)
+    np.testing.assert_array_equal(table.pull(np.array([5, 6]))[:, 0], [-2.0, -1.0])
+
+
+@pytest.mark.parametrize("rule_factory", [lambda: AdamRule(lazy_mode=True), lambda: AdamRule(lazy_mode=False),
+                                          lambda: AdagradRule(initial_accumulator_value=0.1)],
+                         ids=["adam_lazy", "adam", "adagrad"])
+def test_push_applies_the_rule_as_on_a_dense_matrix_of_the_same_rows(rule_factory):
+    rng = np.random.default_rng(3)
+    table = make_table(rule_factory())
+    ids = np.array([10, -20, 30, 40], dtype=np.int64)
+    param = table.pull(ids)
+    reference_rule = rule_factory()
+    state = reference_rule.init_state(param.shape)
+    for _ in range(4):
+        pick = rng.integers(0, len(ids), size=6)
+        grads = rng.standard_normal((6, 4)).astype(np.float32)
+        table.push(ids[pick], grads, 0.01)
+        reference_rule.apply_sparse(param, pick.astype(np.int64), grads, state, 0.01)
+    np.testing.assert_array_equal(table.pull(ids), param)
+    saved = table.state_dict()
+    for name in reference_rule.state_names:
+        np.testing.assert_array_equal(saved[f"state.{name}"], state[name])
+
+
+def test_per_row_state_grows_with_new_rows_and_scalar_state_is_kept():
+    table = make_table(CountingRule(), capacity=16)
+    for start in range(0, 100, 10):
+        table.push(np.arange(start, start + 10), np.ones((10, 4), np.float32), 0.1)
+    table.push(np.arange(5), np.ones((5, 4), np.float32), 0.1)
+    saved = table.state_dict()
+    assert saved["state.steps"].tolist() == [11.0]
+    np.testing.assert_array_equal(saved["state.hits"][:, 0], [2.0] * 5 + [1.0] * 95)
+
+
+def test_add_accumulates_deltas_and_creates_missing_rows():
+    table = make_table(initializer=("constant", 1.0))
+    table.add(np.array([4, 4, 8]), np.full((3, 4), 0.25, np.float32))
+    np.testing.assert_array_equal(table.pull(np.array([4, 8]))[:, 0], [1.5, 1.25])
+
+
+def test_pull_changed_returns_rows_changed_since_each_workers_last_call():
+    table = make_table(track_workers=2)
+    table.pull(np.array([1, 2, 3]))
+    table.add(np.array([2, 1]), np.ones((2, 4), np.float32))
+    ids0, values0 = table.pull_changed(0)
+    assert ids0.tolist() == [2, 1]
+    np.testing.assert_array_equal(values0, table.pull(np.array([2, 1])))
+    table.push(np.array([3, 2]), np.ones((2, 4), np.float32), 0.1)
+    assert table.pull_changed(0)[0].tolist() == [3, 2]
+    assert table.pull_changed(0)[0].tolist() == []
+    assert table.pull_changed(1)[0].tolist() == [2, 1, 3]
+
+
+def test_pull_changed_without_tracking_or_for_an_unknown_worker_says_how_to_fix_it():
+    with pytest.raises(ConfigError, match="does not track changed rows; create it with track_workers=N"):
+        make_table().pull_changed(0)
+    with pytest.raises(ConfigError, match=r"worker 2 is not tracked; changed rows are kept for workers 0..1"):
+        make_table(track_workers=2).pull_changed(2)
+
+
+def test_state_dict_round_trip_is_bit_exact():
+    rng = np.random.default_rng(5)
+    table = make_table(AdamRule(lazy_mode=True), initializer=("truncated_normal", 0.0, 0.5))
+    ids = rng.integers(INT64_MIN, INT64_MAX, size=3000, dtype=np.int64)
+    for _ in range(3):
+        table.push(ids[rng.integers(0, len(ids), 500)], rng.standard_normal((500, 4)).astype(np.float32), 0.01)
+    saved = table.state_dict()
+    loaded = make_table(AdamRule(lazy_mode=True), initializer=("truncated_normal", 0.0, 0.5))
+    loaded.load_state_dict(saved)
+    again = loaded.state_dict()
+    assert sorted(again) == sorted(saved)
+    for key in saved:
+        assert again[key].dtype == saved[key].dtype
+        np.testing.assert_array_equal(again[key], saved[key])
+    probe = ids[:100]
+    np.testing.assert_array_equal(loaded.pull(probe), table.pull(probe))
+    grads = rng.standard_normal((100, 4)).astype(np.float32)
+    table.push(probe, grads, 0.01)
+    loaded.push(probe, grads, 0.01)
+    np.testing.assert_array_equal(loaded.pull(probe), table.pull(probe))
+
+
+def test_iter_chunks_concatenate_to_the_state_dict():
+    table = make_table(AdamRule(lazy_mode=True))
+    table.pull(np.arange(1000) * 3)
+    chunks = list(table.iter_chunks(chunk_rows=300))
+    assert [len(c["ids"]) for c in chunks] == [300, 300, 300, 100]
+    saved = table.state_dict()
+    for key in ("ids", "values", "state.moment1", "state.moment2"):
+        np.testing.assert_array_equal(np.concatenate([c[key] for c in chunks]), saved[key])
+    np.testing.assert_array_equal(chunks[-1]["state.beta1_pow"], saved["state.beta1_pow"])
+
+
+def test_iter_chunks_of_an_empty_table_yields_one_empty_chunk_with_scalar_state():
+    chunks = list(make_table(AdamRule()).iter_chunks())
+    assert len(chunks) == 1 and len(chunks[0]["ids"]) == 0 and "state.beta2_pow" in chunks[0]
+
+
+def test_loading_a_subset_of_rows_resplits_a_table():
+    table = make_table()
+    ids = np.arange(-50, 50, dtype=np.int64)
+    values = table.pull(ids)
+    saved = table.state_dict()
+    keep = saved["ids"] % 2 == 0
+    shard = make_table()
+    shard.load_state_dict({"ids": saved["ids"][keep], "values": saved["values"][keep]})
+    assert shard.size == keep.sum()
+    np.testing.assert_array_equal(shard.pull(ids[keep]), values[keep])
+
+
+def test_load_state_dict_names_a_missing_key_and_a_wrong_shape():
+    table = make_table(AdamRule())
+    saved = table.state_dict()
+    del saved["state.moment2"]
+    with pytest.raises(ConfigError, match="the state to load has no 'state.moment2'"):
+        table.load_state_dict(saved)
+    with pytest.raises(ConfigError, match=r"'values' to load is float32\[2, 3\], expected float32\[2, 4\]"):
+        make_table().load_state_dict({"ids": np.array([1, 2]), "values": np.zeros((2, 3), np.float32)})
+
+
+def test_load_state_dict_refuses_duplicate_ids():
+    with pytest.raises(ConfigError, match="id 1 appears more than once"):
+        make_table().load_state_dict({"ids": np.array([1, 1]), "values": np.zeros((2, 4), np.float32)})
+
+
+def test_push_with_grads_of_the_wrong_shape_names_both_shapes():
+    with pytest.raises(DataError, match=r"grads has shape \(2, 3\), expected \(2, 4\)"):
+        make_table().push(np.array([1, 2]), np.zeros((2, 3), np.float32), 0.1)
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [(("gaussian", 0, 1), "is not one of"), (("uniform", 1.0), "needs 2 numbers"),
+     (("uniform", 2.0, 1.0), "low must not exceed high"), (("normal", 0.0, -1.0), "std must be >= 0"),
+     (("constant", "x"), "non-number argument")],
+)
+def test_bad_initializer_specs_are_refused_with_the_forms_allowed(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_initializer(spec)
+
+
+def test_memory_per_row_is_small_for_sgd():
+    table = SparseTable("emb", 10, SGDRule(), ("uniform", -1.0, 1.0))
+    table.pull(np.arange(200_000, dtype=np.int64))
+    # 40 bytes of values + 8 of id + 8 per hash slot at a load between 0.35 and 0.7
+    assert 40 + 8 + 11 <= table.bytes_per_row() <= 40 + 8 + 23 + 1
+
+
+@pytest.mark.slow
+def test_a_table_of_ten_million_rows_of_dim_ten_can_be_created_and_updated():
+    table = SparseTable("big", 10, SGDRule(), ("constant", 0.0))
+    for start in range(0, 10_000_000, 1_000_000):
+        table.pull(np.arange(start, start + 1_000_000, dtype=np.int64))
+    assert table.size == 10_000_000
+    ids = np.arange(0, 10_000_000, 997, dtype=np.int64)
+    table.push(ids, np.ones((len(ids), 10), np.float32), 0.5)
+    np.testing.assert_array_equal(table.pull(ids[-3:]), np.full((3, 10), -0.5, np.float32))
+    np.testing.assert_array_equal(table.pull(np.array([1], dtype=np.int64)), np.zeros((1, 10), np.float32))
+    assert table.memory_bytes() < 10_000_000 * 72
