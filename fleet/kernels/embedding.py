@@ -139,6 +139,8 @@ def gather_pool_grad(dout, ids, offsets, pool, padding_idx, argmax, values_out):
     dim = values_out.shape[1]
     assert dout.shape[0] == batch and dout.shape[1] == dim, "gather_pool_grad: dout must be [B, D]"
     assert values_out.shape[0] == ids.shape[0], "gather_pool_grad: values_out must be [N, D]"
+    if pool == POOL_MAX:
+        assert argmax.shape[0] == batch and argmax.shape[1] == dim, "gather_pool_grad: argmax must be [B, D]"
     zero = np.float32(0.0)
     for b in range(batch):
         start = offsets[b]

@@ -18,20 +18,14 @@ Dense kernels read their arrays flat (any shape, C-contiguous, same size). Row k
 take ``param`` (and state) as [V, D], unique ``rows`` into it and ``grad`` [len(rows), D];
 callers merge duplicate rows first. Row ids are not range-checked here.
 
-The kernels release the GIL. They are not safe against another thread writing the same
-rows at the same time (Hogwild callers accept that race by design). ``adam_dense`` and
-``adam_rows_all`` split arrays of 2**18 elements or more over all cores (numba's
-threading layer; measured 2x faster on 2 cores while the arrays fit in cache, equal
-when memory-bound); everything else runs on the calling thread.
+The kernels release the GIL and run on the calling thread. They are not safe against
+another thread writing the same rows at the same time (Hogwild callers accept that race
+by design). None uses numba's ``parallel=True``: on this shared 2-core machine it was at
+best 2x faster when the other core was idle, and 10-100x slower (a parallel region waits
+a scheduler time slice, ~8 ms, for its descheduled second thread) when it was not.
 """
 import numba
 import numpy as np
-
-# Whole-table Adam sweeps are split into this many chunks per parallel launch.
-_SWEEP_CHUNKS = 64
-# adam_dense on at least this many elements uses all cores (measured: below it a
-# parallel launch costs as much as it saves).
-_PARALLEL_ADAM_MIN = 1 << 18
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -133,18 +127,9 @@ def _adam_span_zero(p, a, b, pstart, count, lr32, b1, b2, eps32):
         p[i] -= lr32 * (ai / (np.sqrt(bi) + eps32))
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
-def _adam_dense_parallel(p, a, b, g, lr32, b1, b2, eps32):
-    size = p.shape[0]
-    chunk = (size + _SWEEP_CHUNKS - 1) // _SWEEP_CHUNKS
-    for c in numba.prange(_SWEEP_CHUNKS):
-        start = min(c * chunk, size)
-        _adam_span(p, a, b, start, g, start, min(chunk, size - start), lr32, b1, b2, eps32)
-
-
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def adam_dense(param, m1, m2, grad, lr_t, beta1, beta2, eps_t):
-    """Paddle's Adam update over the flattened arrays; 2**18 elements or more use all cores.
+    """Paddle's Adam update over the flattened arrays.
 
     Args:
         param, m1, m2: float32, C-contiguous, same size, updated in place.
@@ -162,10 +147,7 @@ def adam_dense(param, m1, m2, grad, lr_t, beta1, beta2, eps_t):
     b1 = np.float32(beta1)
     b2 = np.float32(beta2)
     eps32 = np.float32(eps_t)
-    if p.shape[0] >= _PARALLEL_ADAM_MIN:
-        _adam_dense_parallel(p, a, b, g, lr32, b1, b2, eps32)
-    else:
-        _adam_span(p, a, b, 0, g, 0, p.shape[0], lr32, b1, b2, eps32)
+    _adam_span(p, a, b, 0, g, 0, p.shape[0], lr32, b1, b2, eps32)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -271,36 +253,12 @@ def adam_rows(param, m1, m2, rows, grad, lr_t, beta1, beta2, eps_t):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _adam_sweep(p, a, b, rows, g, dim, row_start, row_stop, lr32, b1, b2, eps32):
-    """Non-lazy Adam on table rows [row_start, row_stop) of the flat p, a, b."""
-    n = rows.shape[0]
-    k = np.searchsorted(rows, row_start)  # first gradient row at or after row_start
-    r = row_start
-    while r < row_stop:
-        nxt = rows[k] if k < n and rows[k] < row_stop else row_stop
-        # rows [r, nxt) have no gradient: one flat run over contiguous memory
-        _adam_span_zero(p, a, b, r * dim, (nxt - r) * dim, lr32, b1, b2, eps32)
-        if nxt == row_stop:
-            break
-        _adam_span(p, a, b, nxt * dim, g, k * dim, dim, lr32, b1, b2, eps32)
-        k += 1
-        r = nxt + 1
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
-def _adam_sweep_parallel(p, a, b, rows, g, dim, height, lr32, b1, b2, eps32):
-    chunk = (height + _SWEEP_CHUNKS - 1) // _SWEEP_CHUNKS
-    for c in numba.prange(_SWEEP_CHUNKS):
-        start = min(c * chunk, height)
-        _adam_sweep(p, a, b, rows, g, dim, start, min(start + chunk, height), lr32, b1, b2, eps32)
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
 def adam_rows_all(param, m1, m2, rows, grad, lr_t, beta1, beta2, eps_t):
     """Paddle's non-lazy sparse Adam: every row's moments decay, rows not given see g = 0.
 
     Equal, bit for bit, to :func:`adam_dense` with a gradient that is ``grad[i]`` on row
-    ``rows[i]`` and zero elsewhere. Tables of 2**18 elements or more use all cores.
+    ``rows[i]`` and zero elsewhere, at the cost of one sweep over the three arrays: rows
+    between two gradient rows are one contiguous run updated by a vectorized loop.
 
     Args:
         param, m1, m2: float32 [V, D], C-contiguous, updated in place.
@@ -321,10 +279,17 @@ def adam_rows_all(param, m1, m2, rows, grad, lr_t, beta1, beta2, eps_t):
     b1 = np.float32(beta1)
     b2 = np.float32(beta2)
     eps32 = np.float32(eps_t)
-    if p.shape[0] >= _PARALLEL_ADAM_MIN:
-        _adam_sweep_parallel(p, a, b, rows, g, dim, height, lr32, b1, b2, eps32)
-    else:
-        _adam_sweep(p, a, b, rows, g, dim, 0, height, lr32, b1, b2, eps32)
+    k = 0  # next gradient row
+    r = 0  # next table row
+    while r < height:
+        nxt = rows[k] if k < n else height
+        # rows [r, nxt) have no gradient: one flat run over contiguous memory
+        _adam_span_zero(p, a, b, r * dim, (nxt - r) * dim, lr32, b1, b2, eps32)
+        if nxt == height:
+            break
+        _adam_span(p, a, b, nxt * dim, g, k * dim, dim, lr32, b1, b2, eps32)
+        k += 1
+        r = nxt + 1
 
 
 def _f32(x):

@@ -15,9 +15,6 @@ _RADIX_BITS = 11
 _RADIX_SIZE = 1 << _RADIX_BITS
 # Below this many rows an insertion sort beats clearing a 2048-bucket histogram.
 _SMALL_SORT = 32
-# add_into hands arrays at least this large to both cores: measured 1.9x faster at
-# 2**18 float32 on 2 cores; below it the parallel launch costs about what it saves.
-_PARALLEL_ADD_MIN = 1 << 18
 
 
 @numba.njit(cache=True, nogil=True)
@@ -143,18 +140,11 @@ def scatter_add(table, rows, values):
             table[r, d] += values[i, d]
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _add_into_parallel(out, x):
-    for i in numba.prange(out.shape[0]):
-        out[i] += x[i]
-
-
 @numba.njit(cache=True, nogil=True)
 def add_into(out, x):
     """Adds ``x`` into ``out`` element-wise (the Reduce strategy's building block).
 
-    Arrays of at least 2**18 elements are split over the cores; smaller ones run on the
-    calling thread, where a parallel launch would cost more than it saves.
+    Runs on the calling thread (see fleet.kernels.optim on why nothing here is parallel).
 
     Args:
         out: float32 array, C-contiguous, updated in place.
@@ -167,11 +157,8 @@ def add_into(out, x):
     assert x.size == out.size, "add_into: out and x must have the same number of elements"
     flat_out = out.reshape(out.size)
     flat_x = x.reshape(x.size)
-    if flat_out.shape[0] >= _PARALLEL_ADD_MIN:
-        _add_into_parallel(flat_out, flat_x)
-    else:
-        for i in range(flat_out.shape[0]):
-            flat_out[i] += flat_x[i]
+    for i in range(flat_out.shape[0]):
+        flat_out[i] += flat_x[i]
 
 
 @numba.njit(cache=True, nogil=True)

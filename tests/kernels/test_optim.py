@@ -85,9 +85,9 @@ def test_adam_dense_matches_reference(case, lr_t, beta1, beta2, eps_t):
                                  param, m1, m2, grad, lr_t, beta1, beta2, eps_t, n_arrays=4))
 
 
-def test_adam_dense_on_all_cores_matches_reference_for_a_large_array():
+def test_adam_dense_matches_reference_for_a_large_array():
     rng = np.random.default_rng(0)
-    n = (1 << 18) + 77  # above the parallel threshold, not a multiple of the chunk count
+    n = (1 << 18) + 77  # many vector iterations plus a scalar remainder
     param, m1, grad = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     m2 = rng.random(n).astype(np.float32)
     _assert_all_equal(*_run_both(optim.adam_dense, optim.adam_dense_reference,
@@ -157,7 +157,7 @@ def test_dense_kernels_reject_a_gradient_of_another_size():
 def rows_case(draw, n_state, sort, state_elements=NONNEG):
     """A [V, D] table with state, unique rows (edges 0 and V-1 likely) and their gradient."""
     # Small enough that four float arrays fit hypothesis's example budget; big tables
-    # (and the parallel sweep) are covered by the parametrized tests below.
+    # are covered by the parametrized tests below.
     height = draw(st.integers(1, 12))
     dim = draw(st.integers(1, 5))
     # A keep-flag per row (no filtering for uniqueness); tables are small, so rows 0 and
@@ -217,7 +217,7 @@ def test_adam_rows_all_equals_dense_adam_with_a_zero_filled_gradient(case, lr_t,
     _assert_all_equal(got, expected)
 
 
-@pytest.mark.parametrize("height", [1000, 30011])  # serial, and above the parallel threshold
+@pytest.mark.parametrize("height", [1, 1000, 30011])
 @pytest.mark.parametrize("density", [0.0, 0.01, 1.0])
 def test_adam_rows_all_matches_the_dense_kernel_bit_for_bit(height, density):
     rng = np.random.default_rng(height)
