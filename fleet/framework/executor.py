@@ -136,14 +136,14 @@ class Executor:
         scope = global_scope() if scope is None else scope
         runner = self._runner(program, scope)
         local = runner.local
-        if feed:
-            self._feed(program, runner.plan, feed, local)
-        runner.run()
-        result = self._fetch(runner, fetch_list, return_numpy)
-        if feed:
-            for name in feed:
-                local.pop(name, None)
-        return result
+        try:
+            if feed:
+                self._feed(program, runner.plan, feed, local)
+            runner.run()
+            return self._fetch(runner, fetch_list, return_numpy)
+        finally:
+            for name in feed or ():  # a later run must not see this run's inputs
+                local.pop(name.name if isinstance(name, Variable) else name, None)
 
     def _feed(self, program, plan, feed, local):
         if not isinstance(feed, dict):
@@ -269,6 +269,11 @@ def feed_value(var, value):
         return as_lod_tensor(var.name, value, dtype)
     if isinstance(value, LoDTensor):
         raise DataError(f"feed {var.name!r} is a lod_level=0 input; feed an array, not a LoDTensor")
+    if dtype == np.int64 and isinstance(value, np.ndarray) and value.dtype.kind == "f":
+        if not np.array_equal(value, np.round(value)):
+            raise DataError(
+                f"feed {var.name!r} is int64 (ids or class labels) but got non-integer floats; "
+                f"feed integers (e.g. labels 0/1 as int64)")
     try:
         arr = np.ascontiguousarray(value, dtype=dtype)
     except (TypeError, ValueError) as e:

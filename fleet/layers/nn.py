@@ -40,7 +40,7 @@ def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=Non
     if len(inputs) == 1:
         x = check_var(inputs[0], "input", "fc")
         w = _fc_weight(layer, x, size, num_flatten_dims, param_attrs[0])
-        out = create_tmp(layer, (x.shape[0] if x.shape else -1, size))
+        out = create_tmp(layer, _fc_out_shape(x, num_flatten_dims, size))
         append_op("fc", {"Input": x, "W": w, "Bias": bias}, {"Out": out},
                   {"act": act, "in_num_col_dims": num_flatten_dims})
         return out
@@ -48,20 +48,26 @@ def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=Non
     for x, attr in zip(inputs, param_attrs):
         check_var(x, "input", "fc")
         w = _fc_weight(layer, x, size, num_flatten_dims, attr)
-        part = create_tmp(layer, (x.shape[0] if x.shape else -1, size))
+        part = create_tmp(layer, _fc_out_shape(x, num_flatten_dims, size))
         append_op("fc", {"Input": x, "W": w}, {"Out": part}, {"act": None, "in_num_col_dims": num_flatten_dims})
         partial.append(part)
     total = create_tmp(layer, partial[0].shape)
     append_op("sum", {"X": partial}, {"Out": total})
     if bias is not None:
         biased = create_tmp(layer, total.shape)
-        append_op("elementwise_add", {"X": total, "Y": bias}, {"Out": biased}, {"axis": 1})
+        append_op("elementwise_add", {"X": total, "Y": bias}, {"Out": biased},
+                  {"axis": num_flatten_dims})
         total = biased
     if act:
         out = create_tmp(layer, total.shape)
         append_op(act, {"X": total}, {"Out": out})
         total = out
     return total
+
+
+def _fc_out_shape(x, num_flatten_dims, size):
+    """Paddle's fc output shape: the first ``num_flatten_dims`` dims of x, then ``size``."""
+    return tuple(x.shape[:num_flatten_dims]) + (size,) if x.shape else (-1, size)
 
 
 def _fc_weight(layer, x, size, num_flatten_dims, attr):

@@ -58,10 +58,15 @@ class _Elementwise(OpDef):
         xv, yv0 = _vals(x), _vals(y)
         yv = _broadcast_y(xv, yv0, ctx.attrs.get("axis", -1))
         gx, gy = self.grads(xv, yv, g)
+        # A gradient already of its input's shape is used as is: np.broadcast_to would make
+        # it a read-only view (and numba compiles a second, read-only kernel signature).
         if ctx.wants("X@GRAD"):
-            ctx.set_output("X@GRAD", _like(x, _reduce_to(np.broadcast_to(gx, xv.shape), xv.shape)))
+            if gx.shape != xv.shape:
+                gx = _reduce_to(np.broadcast_to(gx, xv.shape), xv.shape)
+            ctx.set_output("X@GRAD", _like(x, gx))
         if ctx.wants("Y@GRAD"):
-            gy = _reduce_to(np.broadcast_to(gy, np.broadcast_shapes(xv.shape, yv.shape)), yv.shape)
+            if gy.shape != yv.shape:
+                gy = _reduce_to(np.broadcast_to(gy, np.broadcast_shapes(xv.shape, yv.shape)), yv.shape)
             ctx.set_output("Y@GRAD", _like(y, np.ascontiguousarray(gy.reshape(yv0.shape))))
 
 

@@ -58,7 +58,7 @@ class FC(OpDef):
         w = ctx.input("W")
         lead = _fc_lead(ctx, x)
         rows = int(np.prod(lead)) if lead else 1
-        x2 = x.reshape(rows, -1)
+        x2 = x.reshape(rows, w.shape[0])  # explicit width: -1 cannot be inferred for 0 rows
         out = ctx.buffer("Out", (rows, w.shape[1]))
         np.matmul(x2, w, out=out)
         b = ctx.input_opt("Bias")
@@ -75,7 +75,7 @@ class FC(OpDef):
         g = ctx.input("Out@GRAD").reshape(-1, width)
         act = ctx.attrs.get("act")
         dpre = _act_backward(act, out, g, ctx.buffer("Out@GRAD", out.shape) if act else None)
-        x2 = x.reshape(out.shape[0], -1)
+        x2 = x.reshape(out.shape[0], w.shape[0])
         if ctx.wants("W@GRAD"):
             dw = ctx.buffer("W@GRAD", w.shape)
             np.matmul(x2.T, dpre, out=dw)
@@ -267,10 +267,11 @@ class FusedEmbeddingSeqPool(OpDef):
 
 
 # ------------------------------------------------------------------------- losses
-def _label_index(label, n):
+def _label_index(label, n, name="label"):
     lab = np.asarray(label).reshape(-1).astype(np.int64, copy=False)
     if len(lab) != n:
-        raise DataError(f"label has {len(lab)} entries for a batch of {n}; feed one label per example")
+        raise DataError(f"label {name!r} has {len(lab)} entries for a batch of {n}; feed one "
+                        f"label per example")
     return lab
 
 
@@ -289,9 +290,14 @@ class CrossEntropy(OpDef):
         if ctx.attrs.get("soft_label"):
             out = -(np.asarray(label, dtype=np.float32) * np.log(np.maximum(x, self.EPS))).sum(axis=-1, keepdims=True)
         else:
-            lab = _label_index(label, n)
-            if n and (lab.min() < 0 or lab.max() >= x.shape[1]) and ctx.attrs.get("ignore_index", -100) not in lab:
-                raise DataError(f"label values must be in [0, {x.shape[1]}), got {int(lab.min())}..{int(lab.max())}")
+            lab = _label_index(label, n, ctx.input_name('Label'))
+            bad = (lab < 0) | (lab >= x.shape[1])
+            bad &= lab != ctx.attrs.get("ignore_index", -100)
+            if bad.any():
+                raise DataError(
+                    f"cross_entropy label {ctx.input_name('Label')!r} values must be class ids in "
+                    f"[0, {x.shape[1]}), got {int(lab[bad][0])}; feed ids below the number of "
+                    f"classes (or ignore_index)")
             p = x[np.arange(n), np.clip(lab, 0, x.shape[1] - 1)]
             out = -np.log(np.maximum(p, self.EPS)).reshape(n, 1)
             ignore = lab == ctx.attrs.get("ignore_index", -100)
@@ -307,7 +313,7 @@ class CrossEntropy(OpDef):
         if ctx.attrs.get("soft_label"):
             dx = -np.asarray(label, dtype=np.float32) / np.maximum(x, self.EPS) * g[:, None]
         else:
-            lab = _label_index(label, n)
+            lab = _label_index(label, n, ctx.input_name('Label'))
             dx = np.zeros_like(x)
             keep = lab != ctx.attrs.get("ignore_index", -100)
             rows = np.arange(n)[keep]

@@ -1,0 +1,157 @@
+"""fleet.framework.io: saved directories are complete or absent, verified on load."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from fleet.errors import ConfigError, DataError
+from fleet.framework import io as fio
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    return {
+        "fc_0.w_0": rng.normal(size=(5, 3)).astype(np.float32),
+        "emb/table@weird name": rng.normal(size=(7, 2)).astype(np.float32),
+        "emb_table@weird_name": np.arange(4, dtype=np.float32),  # sanitises like the one above
+        "auc.stat_pos_0": np.arange(10, dtype=np.int64),
+        "w_beta1_pow_0": np.array([0.9 ** 3], dtype=np.float64),
+        "empty": np.zeros((0, 4), dtype=np.float32),
+    }
+
+
+def _listing(parent):
+    return sorted(os.listdir(parent))
+
+
+def test_written_variables_read_back_bit_for_bit_with_dtype_and_shape(tmp_path):
+    arrays = _arrays()
+    target = fio.write_vars(str(tmp_path / "model"), arrays, {"epoch": 3})
+    assert target == str(tmp_path / "model")
+    back = fio.read_vars(target)
+    assert sorted(back) == sorted(arrays)
+    for name, value in arrays.items():
+        assert back[name].dtype == value.dtype and back[name].shape == value.shape
+        np.testing.assert_array_equal(back[name], value)
+    manifest = fio.read_manifest(target)
+    assert manifest["format"] == fio.FORMAT and manifest["extra"] == {"epoch": 3}
+    assert len({e["file"] for e in manifest["vars"].values()}) == len(arrays)
+
+
+def test_read_vars_reads_only_the_names_asked_for(tmp_path):
+    target = fio.write_vars(str(tmp_path / "m"), _arrays())
+    assert list(fio.read_vars(target, ["fc_0.w_0"])) == ["fc_0.w_0"]
+    with pytest.raises(ConfigError, match=r"has no saved value for \['nope'\]; it holds \[.*'fc_0.w_0'"):
+        fio.read_vars(target, ["fc_0.w_0", "nope"])
+
+
+def test_saving_over_a_directory_replaces_it_atomically_and_leaves_no_temporaries(tmp_path):
+    target = str(tmp_path / "model")
+    fio.write_vars(target, {"a": np.ones(3, np.float32), "old_only": np.zeros(2, np.float32)})
+    fio.write_vars(target, {"a": np.full(3, 2.0, np.float32)})
+    assert _listing(tmp_path) == ["model"]
+    back = fio.read_vars(target)
+    assert list(back) == ["a"]
+    np.testing.assert_array_equal(back["a"], [2, 2, 2])
+    assert all(not f.startswith(".") for f in os.listdir(target))
+
+
+def _fail_on_second_save(monkeypatch):
+    calls = {"n": 0}
+    real = np.save
+
+    def flaky(f, arr, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk full")
+        return real(f, arr, **kw)
+
+    monkeypatch.setattr(fio.np, "save", flaky)
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_save_intact_and_no_temporaries(tmp_path, monkeypatch):
+    target = str(tmp_path / "model")
+    fio.write_vars(target, {"a": np.ones(3, np.float32), "b": np.ones(2, np.float32)})
+    _fail_on_second_save(monkeypatch)
+    with pytest.raises(OSError, match="disk full"):
+        fio.write_vars(target, {"a": np.full(3, 5.0, np.float32), "b": np.zeros(2, np.float32)})
+    assert _listing(tmp_path) == ["model"]
+    np.testing.assert_array_equal(fio.read_vars(target)["a"], [1, 1, 1])
+
+
+def test_a_first_save_that_fails_midway_leaves_no_directory(tmp_path, monkeypatch):
+    _fail_on_second_save(monkeypatch)
+    with pytest.raises(OSError):
+        fio.write_vars(str(tmp_path / "model"), {"a": np.ones(3, np.float32), "b": np.ones(2, np.float32)})
+    assert _listing(tmp_path) == []
+
+
+def test_a_save_killed_before_cleanup_never_looks_like_a_valid_save(tmp_path, monkeypatch):
+    # A process killed mid-save runs no cleanup: simulate it by making the cleanup a no-op.
+    _fail_on_second_save(monkeypatch)
+    monkeypatch.setattr(fio.shutil, "rmtree", lambda *a, **k: None)
+    with pytest.raises(OSError):
+        fio.write_vars(str(tmp_path / "model"), {"a": np.ones(3, np.float32), "b": np.ones(2, np.float32)})
+    assert not (tmp_path / "model").exists()
+    (leftover,) = _listing(tmp_path)
+    assert leftover.startswith(".model.tmp-")
+    with pytest.raises(ConfigError, match="has no MANIFEST.json: it is not a complete fleet save"):
+        fio.read_vars(str(tmp_path / leftover))
+
+
+def test_a_missing_or_foreign_manifest_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"^There is no directory named '.*nowhere'$"):
+        fio.read_manifest(str(tmp_path / "nowhere"))
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(ConfigError, match="has no MANIFEST.json"):
+        fio.read_manifest(str(tmp_path / "bare"))
+    target = fio.write_vars(str(tmp_path / "m"), {"a": np.ones(1, np.float32)})
+    path = os.path.join(target, fio.MANIFEST)
+    manifest = json.load(open(path))
+    manifest["format"] = "paddle-lodtensor"
+    json.dump(manifest, open(path, "w"))
+    with pytest.raises(ConfigError, match="has format 'paddle-lodtensor', expected 'fleet-vars-1'"):
+        fio.read_manifest(target)
+
+
+def _file_of(target, name):
+    return os.path.join(target, fio.read_manifest(target)["vars"][name]["file"])
+
+
+def test_a_truncated_file_is_a_data_error_naming_the_variable(tmp_path):
+    target = fio.write_vars(str(tmp_path / "m"), _arrays())
+    path = _file_of(target, "fc_0.w_0")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    with pytest.raises(DataError, match=r"cannot read 'fc_0.w_0' from "):
+        fio.read_vars(target)
+
+
+def test_a_flipped_bit_is_caught_by_the_checksum(tmp_path):
+    target = fio.write_vars(str(tmp_path / "m"), _arrays())
+    path = _file_of(target, "auc.stat_pos_0")
+    data = bytearray(open(path, "rb").read())
+    data[-5] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(DataError, match=r"does not match its manifest entry for 'auc.stat_pos_0'"):
+        fio.read_vars(target)
+    assert list(fio.read_vars(target, ["fc_0.w_0"])) == ["fc_0.w_0"]  # the others still load
+
+
+def test_a_deleted_file_is_a_data_error(tmp_path):
+    target = fio.write_vars(str(tmp_path / "m"), _arrays())
+    os.remove(_file_of(target, "empty"))
+    with pytest.raises(DataError, match=r"cannot read 'empty'"):
+        fio.read_vars(target)
+
+
+def test_saving_onto_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="exists and is not a directory"):
+        fio.write_vars(str(tmp_path / "f"), {"a": np.ones(1, np.float32)})
+
+
+def test_a_save_creates_missing_parent_directories(tmp_path):
+    target = fio.write_vars(str(tmp_path / "a" / "b" / "epoch_0"), {"a": np.ones(1, np.float32)})
+    assert os.path.isfile(os.path.join(target, fio.MANIFEST))
