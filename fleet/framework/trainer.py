@@ -1,5 +1,7 @@
 """Threaded training over a dataset: the engine behind ``Executor.train_from_dataset``."""
+import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -180,7 +182,23 @@ class DatasetTrainer:
             if values:
                 handler.handler(values)
 
+    def _blas_limit(self):
+        """With several training threads, each runs BLAS on its share of the cores: two
+        threads each driving a 2-thread BLAS pool oversubscribe the machine (measured 3x
+        slower on 2 cores; benchmarks/bench_local_train.py)."""
+        if self.threads <= 1:
+            return contextlib.nullcontext()
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            return contextlib.nullcontext()
+        return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // self.threads), user_api="blas")
+
     def run(self):
+        with self._blas_limit():
+            return self._run()
+
+    def _run(self):
         source = self.dataset._open_pass(self.threads)
         if self.dist is not None and hasattr(self.dist, "begin_pass"):
             self.dist.begin_pass(self.threads)

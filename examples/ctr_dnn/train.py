@@ -1,0 +1,110 @@
+"""Trains CTR-DNN with fleet: the same script runs locally, or as a server or a worker.
+
+Locally:      python train.py --data_dir data
+Distributed:  fleetrun --server_num 1 --worker_num 2 train.py --data_dir data --strategy async
+
+Each worker trains on its share of the train files (``fleet.split_files``), the first
+worker saves the model after every epoch to ``<model_dir>/epoch_N`` and appends a JSON
+line per printed batch to ``<model_dir>/metrics.jsonl`` (time, epoch, batch,
+examples/s, loss, auc).
+"""
+import argparse
+import glob
+import json
+import os
+import time
+
+import fleet
+from fleet import optimizer
+from network import ctr_dnn_model
+from role_makers import PaddleCloudRoleMaker
+from strategies import DistributedStrategyFactory
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data_dir", default="data", help="holds train/ (and test/) with Criteo-format files")
+    p.add_argument("--model_dir", default="output", help="where models and metrics.jsonl go")
+    p.add_argument("--strategy", default="async", choices=["sync", "async", "half_async", "geo"])
+    p.add_argument("--geo_k", type=int, default=100, help="GEO update frequency (steps between exchanges)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch_size", type=int, default=1000)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adagrad"])
+    p.add_argument("--sparse_feature_dim", type=int, default=1000001)
+    p.add_argument("--print_period", type=int, default=50)
+    p.add_argument("--seed", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def make_strategy(args):
+    if args.strategy == "geo":
+        return DistributedStrategyFactory.create_geo_strategy(update_frequency=args.geo_k)
+    return getattr(DistributedStrategyFactory, f"create_{args.strategy}_strategy")()
+
+
+def make_optimizer(args):
+    if args.optimizer == "sgd":
+        return optimizer.SGD(args.lr)
+    if args.optimizer == "adagrad":
+        return optimizer.Adagrad(args.lr)
+    return optimizer.Adam(args.lr, lazy_mode=True)
+
+
+class MetricsLog(fleet.FetchHandler):
+    """Writes a JSON line of the latest fetched values every period."""
+
+    def __init__(self, path, var_dict, epoch, period_secs=2.0):
+        super().__init__(var_dict, period_secs)
+        self.path, self.epoch, self.start = path, epoch, time.time()
+
+    def handler(self, res_dict):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"time": round(time.time() - self.start, 3), "epoch": self.epoch,
+                                **{k: float(v.reshape(-1)[0]) for k, v in res_dict.items()}}) + "\n")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    fleet.init(PaddleCloudRoleMaker())
+    fleet.default_startup_program().random_seed = args.seed
+    inputs, avg_cost, auc, batch_auc, _, _ = ctr_dnn_model(args.sparse_feature_dim)
+    fleet.distributed_optimizer(make_optimizer(args), make_strategy(args)).minimize(avg_cost)
+
+    if fleet.is_server():
+        fleet.init_server()
+        fleet.run_server()
+        return
+    fleet.init_worker()
+    exe = fleet.Executor()
+    exe.run(fleet.startup_program)
+    files = sorted(glob.glob(os.path.join(args.data_dir, "train", "*")))
+    if not files:
+        raise SystemExit(f"no train files in {args.data_dir}/train: run generate_data.py first")
+    my_files = fleet.split_files(files)
+    dataset = fleet.DatasetFactory().create_dataset("QueueDataset")
+    dataset.set_use_var(inputs)
+    dataset.set_data_format("criteo", hash_dim=args.sparse_feature_dim)
+    dataset.set_batch_size(args.batch_size)
+    dataset.set_thread(args.threads)
+    dataset.set_filelist(my_files)
+    os.makedirs(args.model_dir, exist_ok=True)
+    metrics = os.path.join(args.model_dir, "metrics.jsonl")
+    for epoch in range(args.epochs):
+        handler = MetricsLog(metrics, {"loss": avg_cost, "auc": auc}, epoch) if fleet.is_first_worker() else None
+        summary = exe.train_from_dataset(fleet.main_program, dataset, fetch_list=[avg_cost, auc],
+                                         fetch_info=["loss", "auc"], print_period=args.print_period,
+                                         fetch_handler=handler)
+        print(f"epoch {epoch}: {summary['examples']} examples, {summary['examples_per_sec']:,.0f} examples/s, "
+              f"train auc {float(summary['fetch'].get('auc', [float('nan')])[0]):.4f}", flush=True)
+        if fleet.is_first_worker():
+            with open(metrics, "a") as f:
+                f.write(json.dumps({"epoch": epoch, "examples": summary["examples"],
+                                    "examples_per_sec": summary["examples_per_sec"], "final": True}) + "\n")
+            fleet.save_persistables(exe, os.path.join(args.model_dir, f"epoch_{epoch}"))
+    fleet.stop_worker()
+
+
+if __name__ == "__main__":
+    main()
