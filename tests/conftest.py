@@ -187,3 +187,13 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         timer.cancel()
         faulthandler.cancel_dump_traceback_later()
+
+
+# Property tests: the same examples on every run (a CI failure reproduces locally), and no
+# health check that depends on how loaded the machine is.
+from hypothesis import HealthCheck, settings as _hsettings  # noqa: E402
+
+_hsettings.register_profile(
+    "fleet", derandomize=True, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+_hsettings.load_profile("fleet")

@@ -42,7 +42,7 @@ ERR_LINE, ERR_FIELD, ERR_CODE, ERR_LINE_START, ERR_NEXT, ERR_TOKEN_START, ERR_TO
 ERR_SIZE = 8
 
 E_MISSING_SLOT = 1  # the line ends before this slot's count
-E_BAD_COUNT = 2     # the count is not an integer in [0, 2**31)
+E_BAD_COUNT = 2     # the count is not an integer in [1, 2**31) (0 is E_ZERO_COUNT)
 E_ZERO_COUNT = 3    # the count is 0 (Paddle's "number of ids can not be zero")
 E_WIDTH = 4         # a dense slot's count differs from its width (ERR_VALUE: the count)
 E_TOO_FEW = 5       # the line ends inside the slot (ERR_VALUE: values found)
