@@ -84,7 +84,7 @@ _RING = 2 * _AHEAD
 
 
 @intrinsic
-def _prefetch(typingctx, arr, index):
+def prefetch(typingctx, arr, index):
     """Hints the CPU to load ``arr[index]`` (for a 2-D array the start of that row) into cache."""
     if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
         return None
@@ -142,12 +142,12 @@ def hash_lookup(slots, row_ids, keys, out_rows):
         if i < n:
             h = splitmix64(np.uint64(keys[i]))
             hashes[i & (_RING - 1)] = h
-            _prefetch(slots, h & mask)
+            prefetch(slots, h & mask)
         k = i - _AHEAD // 2
         if k >= 0 and k < n:
             s = slots[hashes[k & (_RING - 1)] & mask]
             if s != 0:
-                _prefetch(row_ids, np.int64(s & _ROW_MASK) - 1)
+                prefetch(row_ids, np.int64(s & _ROW_MASK) - 1)
         j = i - _AHEAD
         if j >= 0:
             out_rows[j] = _probe(slots, row_ids, keys[j], hashes[j & (_RING - 1)], mask)[1]
@@ -179,12 +179,12 @@ def hash_lookup_or_insert(slots, row_ids, size, keys, out_rows, start, limit):
         if i < n:
             h = splitmix64(np.uint64(keys[i]))
             hashes[i & (_RING - 1)] = h
-            _prefetch(slots, h & mask)
+            prefetch(slots, h & mask)
         k = i - _AHEAD // 2
         if k >= start and k < n:
             s = slots[hashes[k & (_RING - 1)] & mask]
             if s != 0:
-                _prefetch(row_ids, np.int64(s & _ROW_MASK) - 1)
+                prefetch(row_ids, np.int64(s & _ROW_MASK) - 1)
         j = i - _AHEAD
         if j < start:
             continue
@@ -205,8 +205,16 @@ def hash_lookup_or_insert(slots, row_ids, size, keys, out_rows, start, limit):
 def hash_rebuild(slots, row_ids, size):
     """Inserts rows 0..size-1 (ids from ``row_ids``) into the empty ``slots`` array."""
     mask = np.uint64(len(slots) - 1)
-    for r in range(size):
-        h = splitmix64(np.uint64(row_ids[r]))
+    hashes = np.empty(_RING, dtype=np.uint64)
+    for i in range(size + _AHEAD):
+        if i < size:
+            h = splitmix64(np.uint64(row_ids[i]))
+            hashes[i & (_RING - 1)] = h
+            prefetch(slots, h & mask)
+        r = i - _AHEAD
+        if r < 0:
+            continue
+        h = hashes[r & (_RING - 1)]
         j = h & mask
         while slots[j] != 0:
             j = (j + _ONE) & mask
@@ -275,6 +283,8 @@ class HashIndex:
             )
             if start == len(keys):
                 return out, self.size - before
+            if self.size >= _MAX_ROWS:
+                raise ConfigError(f"a hash index holds at most {_MAX_ROWS} rows; this one is full")
             self._grow()
 
     def reserve(self, rows):
@@ -427,7 +437,7 @@ def take_rows(values, rows, out):
     n = len(rows)
     for i in range(n):
         if i + _AHEAD < n and rows[i + _AHEAD] >= 0:
-            _prefetch(values, rows[i + _AHEAD])
+            prefetch(values, rows[i + _AHEAD])
         r = rows[i]
         if r < 0:
             for c in range(dim):

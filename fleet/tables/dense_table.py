@@ -158,7 +158,9 @@ class DenseTable:
         wanted.update({f"state.{key}": arr for key, arr in self._state.items()})
         for key, current in wanted.items():
             if key not in state:
-                raise ConfigError(f"dense table {self.name!r}: the state to load has no {key!r}; keys are {sorted(state)}")
+                raise ConfigError(
+                    f"dense table {self.name!r}: the state to load has no {key!r}; keys are {sorted(state)}"
+                )
             arr = np.asarray(state[key])
             if arr.shape != current.shape or arr.dtype != current.dtype:
                 raise ConfigError(

@@ -8,6 +8,7 @@ Threading: a Client is meant for one thread at a time. Its methods take the clie
 lock, so concurrent use is safe but serialized (a thread waiting for a reply holds the
 lock until the reply or the timeout). Use one Client per thread for parallel traffic.
 """
+import math
 import threading
 import time
 
@@ -122,10 +123,8 @@ class Client:
             timeout = self._timeout(timeout_ms)
             deadline = time.monotonic() + timeout / 1000.0
             while seq not in self._arrived:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._sock.poll(max(1, int(remaining * 1000)), zmq.POLLIN):
-                    if seq in self._arrived:
-                        break
+                remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+                if not self._sock.poll(remaining_ms, zmq.POLLIN):  # poll(0) still sees a queued reply
                     del self._pending[seq]
                     self._reset_if_idle()
                     raise FleetTimeoutError(self._timeout_message(op, seq, timeout))
@@ -264,9 +263,10 @@ def request_all(requests, timeout_ms=None):
             replies.append(None)
     if timeouts:
         raise FleetTimeoutError(
-            f"servers {', '.join(timeouts)} did not answer within their timeout "
-            f"({timeout_ms if timeout_ms is not None else 'per client'} ms); the others did. Check those servers "
-            f"are alive, or raise {settings.RPC_TIMEOUT_MS_ENV}"
+            f"servers {', '.join(timeouts)} did not answer within "
+            f"{f'{timeout_ms} ms' if timeout_ms is not None else 'their timeout'}"
+            f"{'; the others did' if len(timeouts) < len(calls) else ''}. Check those servers are alive, "
+            f"or raise {settings.RPC_TIMEOUT_MS_ENV}"
         )
     if first_error is not None:
         raise first_error

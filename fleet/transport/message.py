@@ -128,7 +128,8 @@ def encode(op, seq, worker, names=(), arrays=(), meta=None, ok=None, error=None,
         clash = sorted(set(meta) & RESERVED_KEYS)
         if clash or not all(isinstance(k, str) for k in meta):
             raise TransportError(
-                f"op {op!r}: meta keys must be strings other than the reserved {sorted(RESERVED_KEYS)}; got {clash or list(meta)}"
+                f"op {op!r}: meta keys must be strings other than the reserved {sorted(RESERVED_KEYS)}; "
+                f"got {clash or list(meta)}"
             )
         header.update(meta)
     try:
@@ -169,7 +170,12 @@ def decode(frames, max_bytes=None, reply=False):
     if sizes[0] > MAX_HEADER_BYTES:
         raise TransportError(f"header of {sizes[0]} bytes is over the limit of {MAX_HEADER_BYTES}")
     header = _unpack(frames[0])
-    _check_header(header, reply)
+    try:
+        _check_header(header, reply)
+    except TransportError:
+        raise
+    except Exception as e:  # a check met a type it did not expect: still just a bad header
+        raise TransportError(f"header has fields of unexpected types ({type(e).__name__}: {e})") from e
     names, dtypes, shapes = header["names"], header["dtypes"], header["shapes"]
     if len(frames) - 1 != len(names):
         raise TransportError(
@@ -243,7 +249,7 @@ def _check_header(header, reply):
     if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
         raise TransportError(f"op {op!r}: array names must be unique strings")
     for name, dtype, shape in zip(names, dtypes, shapes):
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise TransportError(f"op {op!r}: array {name!r} has dtype {dtype!r:.40}; allowed are {sorted(DTYPES)}")
         if (not isinstance(shape, list) or len(shape) > MAX_NDIM
                 or not all(_is_int64(d) and d >= 0 for d in shape)):

@@ -7,6 +7,7 @@ waiting worker when the last one arrives): such a reply is queued and the servin
 is woken through a pipe it polls next to the socket, then sends it.
 """
 import collections
+import errno
 import logging
 import os
 import threading
@@ -60,7 +61,9 @@ class Request(message.Message):
 
     def defer(self):
         """Declares that the handler will answer later (possibly from another thread)."""
-        self.deferred = True
+        if not self.deferred:
+            self.deferred = True
+            self._server._count("deferred")
 
     def reply(self, names=(), arrays=(), meta=None):
         """Answers with arrays and op-specific fields. Thread-safe; never blocks.
@@ -75,8 +78,10 @@ class Request(message.Message):
     def reply_error(self, text):
         """Answers with an error; the worker raises ``ServerError(endpoint, text)``. Thread-safe."""
         frames = message.encode(self.op, self.seq, self.worker, ok=False, error=str(text))
-        self._send(frames)
+        if self._answered:
+            self._send(frames)  # raises
         self._server._count("error_replies")
+        self._send(frames)
 
     def _send(self, frames):
         if self._answered:
@@ -107,6 +112,7 @@ class ServerSocket:
         self._outbox = collections.deque()
         self._serving = None
         self._closed = False
+        self._close_lock = threading.Lock()
         self._zap_domain = None
         sock = zmq.Context.instance().socket(zmq.ROUTER)
         try:
@@ -171,9 +177,10 @@ class ServerSocket:
                     break
                 try:
                     self._handle(handler, frames)
-                except Exception:  # a bug here must not stop the server; it is logged and counted
+                except Exception as e:  # a bug here must not stop the server; logged, counted, answered
                     self._count("internal_errors")
                     log.exception("unexpected error while handling a message on %s", self.endpoint)
+                    self._answer_internal_error(frames, e)
                 handled += 1
             self._flush()
             return handled
@@ -191,12 +198,13 @@ class ServerSocket:
 
     def close(self):
         """Closes the socket (linger 0: queued replies are dropped). Call after serving stopped."""
-        if self._closed:
-            return
-        self._closed = True
-        self._release(self._sock)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._release(self._sock)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     def __enter__(self):
         return self
@@ -221,8 +229,8 @@ class ServerSocket:
             self._count("malformed")
             op, seq, worker = message.salvage(frames[1])
             log.debug("malformed message from %r answered with an error: %s", identity, e)
-            self._post(identity, message.encode(op, seq, worker, ok=False, error=f"malformed message: {e}"))
             self._count("error_replies")
+            self._post(identity, message.encode(op, seq, worker, ok=False, error=f"malformed message: {e}"))
             return
         request = Request(self, identity, request.header, request.arrays)
         if request.op == PING_OP:
@@ -239,26 +247,36 @@ class ServerSocket:
             if not request.answered:
                 request.reply_error(text)
             return
-        if request.deferred and not request.answered:
-            self._count("deferred")
-        elif not request.answered:
+        if not request.answered and not request.deferred:
             request.reply_error(f"the server's handler returned without answering {request.op!r} (a server bug)")
 
-    def _count(self, key):
+    def _answer_internal_error(self, frames, error):
+        if len(frames) < 2:
+            return
+        try:
+            op, seq, worker = message.salvage(frames[1])
+            text = f"internal server error ({type(error).__name__}: {error})"
+            self._send(frames[0].bytes, message.encode(op, seq, worker, ok=False, error=text))
+        except Exception:
+            log.exception("could not answer a message that failed on %s", self.endpoint)
+
+    def _count(self, key, n=1):
         with self._stats_lock:
-            self._stats[key] += 1
+            self._stats[key] += n
 
     def _post(self, identity, frames):
         if self._serving == threading.get_ident():
             self._send(identity, frames)
             return
-        self._outbox.append((identity, frames))
-        try:
-            os.write(self._wake_w, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups already
-        except OSError:
-            self._count("send_failures")  # closed: the reply cannot be sent any more
+        with self._close_lock:  # never write to the pipe's fd number after close reused it
+            if self._closed:
+                self._count("send_failures")
+                return
+            self._outbox.append((identity, frames))
+            try:
+                os.write(self._wake_w, b"\0")
+            except BlockingIOError:
+                pass  # the pipe is full of wake-ups already
 
     def _flush(self):
         while self._outbox:
@@ -266,11 +284,12 @@ class ServerSocket:
             self._send(identity, frames)
 
     def _send(self, identity, frames):
+        self._count("replies")  # before sending, so a peer that got its reply sees it counted
         try:
             # ROUTER drops a message to a peer that is gone or whose queue is full
             self._sock.send_multipart([identity, *frames], copy=False)
-            self._count("replies")
         except zmq.ZMQError as e:
+            self._count("replies", -1)
             self._count("send_failures")
             log.warning("could not send a reply from %s: %s", self.endpoint, e)
 
@@ -299,7 +318,7 @@ def _bind_error(host, port, error):
             f"(e.g. a server left from an earlier run; `ss -ltnp | grep :{port}` shows it) or give this "
             f"server another port (PADDLE_PORT, PADDLE_PSERVERS_IP_PORT_LIST or fleetrun --start_port)"
         )
-    if error.errno in (zmq.EADDRNOTAVAIL, zmq.ENODEV):
+    if error.errno in (errno.EADDRNOTAVAIL, errno.ENODEV):
         return TransportError(
             f"cannot bind {host}:{port}: {host!r} is not an address of this machine ({error.strerror}); "
             f"set POD_IP / PADDLE_PSERVERS_IP_PORT_LIST to an address of this host"

@@ -262,3 +262,17 @@ def test_a_table_of_ten_million_rows_of_dim_ten_can_be_created_and_updated():
     np.testing.assert_array_equal(table.pull(ids[-3:]), np.full((3, 10), -0.5, np.float32))
     np.testing.assert_array_equal(table.pull(np.array([1], dtype=np.int64)), np.zeros((1, 10), np.float32))
     assert table.memory_bytes() < 10_000_000 * 72
+
+
+def test_empty_batches_are_no_ops():
+    table = make_table(AdamRule(lazy_mode=True), track_workers=1)
+    assert table.pull([]).shape == (0, 4)
+    table.push([], np.zeros((0, 4), np.float32), 0.1)
+    table.add(np.array([], dtype=np.int64), np.zeros((0, 4), np.float32))
+    assert table.size == 0 and table.pull_changed(0)[0].tolist() == []
+    assert table.state_dict()["state.beta1_pow"].tolist() == [0.9]
+
+
+def test_non_integer_ids_are_refused():
+    with pytest.raises(DataError, match="ids must be integers; got dtype float64"):
+        make_table().pull(np.array([1.5]))
