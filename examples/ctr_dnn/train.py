@@ -33,7 +33,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adagrad"])
     p.add_argument("--sparse_feature_dim", type=int, default=1000001)
-    p.add_argument("--print_period", type=int, default=50)
+    p.add_argument("--print_period", type=int, default=50, help="batches between progress lines (0: none)")
     p.add_argument("--seed", type=int, default=1)
     return p.parse_args(argv)
 

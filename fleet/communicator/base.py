@@ -46,6 +46,7 @@ class Communicator:
         self.endpoints = list(plan.server_endpoints)
         self._locks = {ep: threading.Lock() for ep in self.endpoints}
         self.running = False
+        self._closing = False
         self.stats = {"requests": 0, "sends": 0, "pulls": 0, "prefetches": 0}
         self._stats_lock = threading.Lock()
         self.dense = [p for p in plan.params.values() if p.kind == DENSE]
@@ -62,11 +63,13 @@ class Communicator:
         """Flushes pending sends, tells every server this worker is done, closes."""
         if not self.running:
             return
+        self._closing = True
         try:
             self.flush()
             self._all({ep: ("stop", [], [], None) for ep in self.endpoints})
         finally:
             self.running = False
+            self._closing = False
             for client in self.clients.values():
                 client.close()
             self.clients.clear()

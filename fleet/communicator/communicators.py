@@ -107,12 +107,27 @@ class AsyncCommunicator(Communicator):
     def start(self):
         super().start()
         self._queues = {p.grad: queue.Queue(maxsize=self.queue_size) for p in self.plan.params.values()}
+        self._start_threads()
+
+    def _start_threads(self):
         self._stop.clear()
         self._threads = [threading.Thread(target=self._send_loop, name="fleet-send", daemon=True)]
         if self.independent_recv:
             self._threads.append(threading.Thread(target=self._recv_loop, name="fleet-recv", daemon=True))
         for t in self._threads:
             t.start()
+
+    def _stop_threads(self):
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout=60)
+            if t.is_alive():
+                raise FleetTimeoutError(
+                    f"the async {t.name} thread did not finish within 60 s: a request to "
+                    f"{self.endpoints} is stuck (check the servers' logs)")
+        self._threads = []
 
     def _raise_if_failed(self):
         if self._error is not None:
@@ -192,27 +207,17 @@ class AsyncCommunicator(Communicator):
             self._error = e
 
     def flush(self):
-        """Sends everything queued and pulls once more; blocks until done."""
-        if not self._threads:
+        """Sends everything queued and pulls fresh parameters; blocks until done. The send
+        thread keeps running afterwards unless the communicator is stopping."""
+        if not self._queues:
             return
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-        self._threads = []
+        self._stop_threads()
         self._raise_if_failed()
         while self._drain():
             pass
         self.pull_dense()
-
-    def end_pass(self):
-        """Between passes: everything sent and pulled, threads restarted."""
-        self.flush()
-        self._stop.clear()
-        self._threads = [threading.Thread(target=self._send_loop, name="fleet-send", daemon=True)]
-        if self.independent_recv:
-            self._threads.append(threading.Thread(target=self._recv_loop, name="fleet-recv", daemon=True))
-        for t in self._threads:
-            t.start()
+        if self.running and not self._closing:
+            self._start_threads()
 
 
 class GeoCommunicator(Communicator):

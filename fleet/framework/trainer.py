@@ -240,6 +240,12 @@ class DatasetTrainer:
         if self._errors:
             raise self._errors[0]
         elapsed = time.perf_counter() - self._t0
+        runner = getattr(self, "_runner0", None)
+        if runner is not None and self.fetch_names:  # the values after the last batch
+            for label, name in zip(self.fetch_info, self.fetch_names):
+                value = runner.value(name)
+                if value is not None:
+                    self._last_fetch[label] = np.array(getattr(value, "values", value))
         report = dict(source.report()) if hasattr(source, "report") else {}
         skipped = int(report.get("bad_lines_skipped", 0))
         summary = {
@@ -248,7 +254,7 @@ class DatasetTrainer:
             "seconds": elapsed,
             "examples_per_sec": self._examples / elapsed if elapsed > 0 else 0.0,
             "bad_lines_skipped": skipped,
-            "fetch": self._last_fetch,
+            "fetch": self._last_fetch,  # {label: value} of the fetch_list after the last batch
         }
         if self.print_period:
             print(f"pass done: {self._examples} examples in {self._batches} batches, "

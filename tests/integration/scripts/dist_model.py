@@ -20,6 +20,7 @@ from strategies import DistributedStrategyFactory
 
 mode, out_dir, steps, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 distributed_table = "--distributed-table" in sys.argv
+save_midway = "--save-midway" in sys.argv  # the first worker checkpoints halfway, then trains on
 geo_k = 4
 
 fleet.init(PaddleCloudRoleMaker())
@@ -72,6 +73,8 @@ else:
     exe.run(fleet.startup_program)
     losses = []
     for s in range(steps):
+        if save_midway and s == steps // 2 and fleet.is_first_worker():
+            fleet.save_persistables(exe, os.path.join(out_dir, "midway"))
         losses.append(float(exe.run(fleet.main_program, feed=feed(s, fleet.worker_index(), fleet.worker_num()),
                                     fetch_list=[loss])[0][0]))
     scope = fleet.global_scope()
