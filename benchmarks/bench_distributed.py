@@ -26,7 +26,9 @@ def run(cmd, cwd, env=None, timeout=1800):
 
 
 def speed_of(text):
-    return sum(float(v.replace(",", "")) for v in re.findall(r"epoch \d+: \d+ examples, ([\d,]+) examples/s", text))
+    """Examples/s of one process's log: the mean over its epochs."""
+    rates = [float(v.replace(",", "")) for v in re.findall(r"epoch \d+: \d+ examples, ([\d,]+) examples/s", text)]
+    return sum(rates) / max(len(rates), 1)
 
 
 def test_auc(model_dir, data_dir):
@@ -60,8 +62,8 @@ def main(argv=None):
         run([sys.executable, "-m", "fleet.launch", "--server_num", str(args.servers), "--worker_num", "2",
              "--log_dir", os.path.join(model, "log"), "train.py", "--model_dir", model, "--strategy", strategy,
              "--geo_k", str(args.geo_k), *common], EXAMPLE, env)
-        logs = "".join(open(os.path.join(model, "log", f"workerlog.{i}")).read() for i in range(2))
-        results[strategy] = {"examples_per_sec": round(speed_of(logs)),
+        speed = sum(speed_of(open(os.path.join(model, "log", f"workerlog.{i}")).read()) for i in range(2))
+        results[strategy] = {"examples_per_sec": round(speed),
                              "test_auc": round(test_auc(os.path.join(model, last), data), 4),
                              "seconds": round(time.time() - t0, 1)}
         results[strategy]["speed_vs_local"] = round(results[strategy]["examples_per_sec"] / results["local"]["examples_per_sec"], 3)
