@@ -275,8 +275,15 @@ class Communicator:
 
     # ------------------------------------------------------------------ coordination
     def barrier_worker(self, timeout=None):
-        """Blocks until every live worker called it (server 0 coordinates)."""
-        self._all({self.endpoints[0]: ("barrier", [], [], None)})
+        """Blocks until every live worker called it (server 0 coordinates).
+
+        Args:
+            timeout: seconds (default FLEET_RPC_TIMEOUT_MS); the timeout error names the
+                server and the operation.
+        """
+        ep = self.endpoints[0]
+        with self._locks[ep]:
+            self.clients[ep].request("barrier", timeout_ms=None if timeout is None else int(timeout * 1000))
 
     def all_to_all(self, blobs):
         """Sends blobs[j] to worker j; returns what every worker sent to this one."""
