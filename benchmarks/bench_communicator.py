@@ -8,6 +8,7 @@ sparse rows/s (prefetch of 100k ids, then a push of their gradient rows, dim 10)
     python benchmarks/bench_communicator.py [--seconds 2]
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -24,11 +25,13 @@ from fleet.communicator import make_communicator  # noqa: E402
 from fleet.framework.tensor import SparseRows  # noqa: E402
 from fleet.server.parameter_server import ParameterServer  # noqa: E402
 from fleet.transpiler.plan import build_plan  # noqa: E402
-from fleet.transport import Client, ServerSocket, serve_in_thread  # noqa: E402
+from fleet.transport import Client, ServerSocket, serving  # noqa: E402
 from strategies import DistributedStrategyFactory  # noqa: E402
 
 
+@contextlib.contextmanager
 def _setup(rows, width, table_rows):
+    """Yields (communicator, plan) talking to a real server serving from a thread."""
     main, startup = fw.Program(), fw.Program()
     with fw.program_guard(main, startup):
         x = layers.data("x", shape=[rows])
@@ -43,55 +46,40 @@ def _setup(rows, width, table_rows):
     plan = build_plan(main, strategy, [endpoint], 1)
     init = {"w": np.zeros((rows, width), np.float32), "t": np.zeros((table_rows, 10), np.float32)}
     ps = ParameterServer(endpoint, plan, init)
-    thread, stop = serve_in_thread(server, ps.handle)
-    scope = fw.Scope()
-    comm = make_communicator("half_async", plan, 0, scope, {}, connect=lambda ep: Client(ep, 0))
-    comm.start()
-    return comm, plan, (server, thread, stop)
-
-
-def _teardown(comm, handles):
-    server, thread, stop = handles
-    comm.running = False
-    for c in comm.clients.values():
-        c.close()
-    stop.set()
-    thread.join(10)
-    server.close()
+    with serving(server, ps.handle):
+        comm = make_communicator("half_async", plan, 0, fw.Scope(), {}, connect=lambda ep: Client(ep, 0))
+        comm.start()
+        try:
+            yield comm, plan
+        finally:
+            comm.stop()
 
 
 def bench_dense(mib, seconds):
     width = 1024
     rows = mib * 1024 * 1024 // 4 // width
-    comm, plan, handles = _setup(rows, width, 1000)
     grad = np.full((rows, width), 1e-3, np.float32)
-    name = plan.params["w"].grad
-    try:
+    with _setup(rows, width, 1000) as (comm, plan):
+        name = plan.params["w"].grad
         comm.send({name: grad})  # warm-up
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             comm.send({name: grad})  # push, server applies SGD, then pull_dense
             n += 1
         elapsed = time.perf_counter() - t0
-    finally:
-        _teardown(comm, handles)
     return 2 * grad.nbytes * n / elapsed / 1e9
 
 
 def bench_sparse(seconds, batch=100_000, table_rows=1_000_000):
-    comm, plan, handles = _setup(8, 8, table_rows)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, table_rows, batch)
-    grad_name = plan.params["t"].grad
-    try:
+    ids = np.random.default_rng(0).integers(0, table_rows, batch)
+    with _setup(8, 8, table_rows) as (comm, plan):
+        grad_name = plan.params["t"].grad
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             rows = comm.prefetch("t", ids)
             comm.send({grad_name: SparseRows(ids, np.full((batch, 10), 1e-3, np.float32), table_rows)})
             n += 1
         elapsed = time.perf_counter() - t0
-    finally:
-        _teardown(comm, handles)
     return batch * n / elapsed, len(rows.ids)
 
 

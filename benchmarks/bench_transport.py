@@ -15,7 +15,7 @@ import time
 import numpy as np
 import zmq
 
-from fleet.transport import Client, ServerSocket, serve_in_thread
+from fleet.transport import Client, ServerSocket, serving
 
 
 def _raw_server(sock, payload, stop):
@@ -67,19 +67,12 @@ def bench_fleet(payload, seconds):
         else:
             request.reply()
 
-    thread, stop = serve_in_thread(server, handler)
-    client = Client(server.endpoint, 0, timeout_ms=60_000)
-    try:
+    with serving(server, handler), Client(server.endpoint, 0, timeout_ms=60_000) as client:
         def round_trip():
             client.request("push", ["block"], [payload])
             client.request("pull")["block"]
 
         return _rate(round_trip, payload.nbytes, seconds)
-    finally:
-        client.close()
-        stop.set()
-        thread.join(5)
-        server.close()
 
 
 def _rate(round_trip, nbytes, seconds):

@@ -8,10 +8,10 @@ authenticated and encrypted. Environment variables: ``settings`` and docs/env.md
 from fleet.transport.client import Client, Reply, request_all, wait_for_servers
 from fleet.transport.curve import CurveConfig, generate_keys
 from fleet.transport.message import DTYPES, PROTOCOL_VERSION, Message, decode, encode
-from fleet.transport.server import PING_OP, Request, ServerSocket, parse_endpoint, serve_in_thread
+from fleet.transport.server import PING_OP, Request, ServerSocket, parse_endpoint, serving
 
 __all__ = [
     "Client", "CurveConfig", "DTYPES", "Message", "PING_OP", "PROTOCOL_VERSION", "Reply", "Request",
-    "ServerSocket", "decode", "encode", "generate_keys", "parse_endpoint", "request_all", "serve_in_thread",
+    "ServerSocket", "decode", "encode", "generate_keys", "parse_endpoint", "request_all", "serving",
     "wait_for_servers",
 ]

@@ -7,6 +7,7 @@ waiting worker when the last one arrives): such a reply is queued and the servin
 is woken through a pipe it polls next to the socket, then sends it.
 """
 import collections
+import contextlib
 import errno
 import logging
 import os
@@ -14,7 +15,7 @@ import threading
 
 import zmq
 
-from fleet.errors import ConfigError, FleetError, TransportError
+from fleet.errors import ConfigError, FleetError, FleetTimeoutError, TransportError
 from fleet.transport import message, settings
 from fleet.transport.curve import zap_registry
 
@@ -326,14 +327,28 @@ def _bind_error(host, port, error):
     return TransportError(f"cannot bind {host}:{port}: {error.strerror}")
 
 
-def serve_in_thread(server, handler, poll_ms=50, name=None):
-    """Starts ``server.serve(handler, ...)`` in a daemon thread; returns (thread, stop_event).
+@contextlib.contextmanager
+def serving(server, handler, poll_ms=50, join_timeout=5.0):
+    """Serves ``server`` with ``handler`` in a daemon thread for the ``with`` block.
 
-    Stop with ``stop_event.set(); thread.join(timeout)``, then ``server.close()``.
+    On exit the loop is stopped, its thread joined and the socket closed, whatever the
+    block raised. Yields the server.
+
+    Raises:
+        FleetTimeoutError: the serving thread did not stop within ``join_timeout`` seconds
+            (a handler that blocks); the socket is closed anyway.
     """
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(handler, stop, poll_ms),
-                              name=name or f"fleet-serve-{server.port}", daemon=True)
+                              name=f"fleet-serve-{server.port}", daemon=True)
     thread.start()
-    return thread, stop
-
+    try:
+        yield server
+    finally:
+        stop.set()
+        thread.join(join_timeout)
+        server.close()
+        if thread.is_alive():
+            raise FleetTimeoutError(
+                f"the serving thread of {server.endpoint} did not stop within {join_timeout} s: "
+                f"a handler is blocking (handlers must answer or defer, never wait)")

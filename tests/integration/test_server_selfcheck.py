@@ -11,7 +11,9 @@ from fleet import layers, optimizer
 from fleet.errors import ServerError
 from fleet.server.parameter_server import ParameterServer
 from fleet.transpiler.plan import build_plan
-from fleet.transport import Client, ServerSocket, serve_in_thread
+import contextlib
+
+from fleet.transport import Client, ServerSocket, serving
 from strategies import DistributedStrategyFactory
 
 LR = 0.5
@@ -32,24 +34,16 @@ def _plan(mode, endpoint, workers):
 
 @pytest.fixture
 def server(free_port):
-    started = []
+    with contextlib.ExitStack() as stack:
+        def start(mode, workers, dc_asgd=False):
+            endpoint = f"127.0.0.1:{free_port()}"
+            init = {"w": np.ones((7, 2), np.float32), "b": np.zeros(2, np.float32),
+                    "t": np.full((100, 3), 2.0, np.float32)}
+            ps = ParameterServer(endpoint, _plan(mode, endpoint, workers), init, dc_asgd=dc_asgd)
+            stack.enter_context(serving(ServerSocket(endpoint), ps.handle))
+            return endpoint, ps
 
-    def start(mode, workers):
-        endpoint = f"127.0.0.1:{free_port()}"
-        plan = _plan(mode, endpoint, workers)
-        init = {"w": np.ones((7, 2), np.float32), "b": np.zeros(2, np.float32),
-                "t": np.full((100, 3), 2.0, np.float32)}
-        ps = ParameterServer(endpoint, plan, init)
-        sock = ServerSocket(endpoint)
-        thread, stop = serve_in_thread(sock, ps.handle)
-        started.append((sock, thread, stop))
-        return endpoint, ps
-
-    yield start
-    for sock, thread, stop in started:
-        stop.set()
-        thread.join(10)
-        sock.close()
+        yield start
 
 
 def _push_many(endpoint, worker, op, n, v, meta=None):
@@ -116,23 +110,13 @@ def test_a_bad_request_gets_an_error_naming_the_problem_and_the_server_keeps_ser
     np.testing.assert_array_equal(w, 1.0)
 
 
-def test_dc_asgd_compensates_a_stale_gradient_with_g_plus_g_squared_times_drift(free_port):
-    endpoint = f"127.0.0.1:{free_port()}"
-    plan = _plan("async", endpoint, 2)
-    init = {"w": np.ones((7, 2), np.float32), "b": np.zeros(2, np.float32), "t": np.zeros((100, 3), np.float32)}
-    ps = ParameterServer(endpoint, plan, init, dc_asgd=True)
-    sock = ServerSocket(endpoint)
-    thread, stop = serve_in_thread(sock, ps.handle)
-    try:
-        with Client(endpoint, 0, timeout_ms=10_000) as w0, Client(endpoint, 1, timeout_ms=10_000) as w1:
-            w0.request("pull_dense", meta={"blocks": ["w"]})  # worker 0's copy: all ones
-            w1.request("push", names=["w"], arrays=[np.full((7, 2), 1.0, np.float32)])  # w -> 1 - 0.5 = 0.5
-            g = 0.2
-            w0.request("push", names=["w"], arrays=[np.full((7, 2), g, np.float32)])
-            w = w0.request("pull_dense", meta={"blocks": ["w"]}).arrays[0]
-        compensated = g + g * g * (0.5 - 1.0)  # g + g*g*(param now - param at worker 0's pull)
-        np.testing.assert_allclose(w, 0.5 - LR * compensated, rtol=1e-6)
-    finally:
-        stop.set()
-        thread.join(10)
-        sock.close()
+def test_dc_asgd_compensates_a_stale_gradient_with_g_plus_g_squared_times_drift(server):
+    endpoint, _ = server("async", 2, dc_asgd=True)
+    with Client(endpoint, 0, timeout_ms=10_000) as w0, Client(endpoint, 1, timeout_ms=10_000) as w1:
+        w0.request("pull_dense", meta={"blocks": ["w"]})  # worker 0's copy: all ones
+        w1.request("push", names=["w"], arrays=[np.full((7, 2), 1.0, np.float32)])  # w -> 1 - 0.5 = 0.5
+        g = 0.2
+        w0.request("push", names=["w"], arrays=[np.full((7, 2), g, np.float32)])
+        w = w0.request("pull_dense", meta={"blocks": ["w"]}).arrays[0]
+    compensated = g + g * g * (0.5 - 1.0)  # g + g*g*(param now - param at worker 0's pull)
+    np.testing.assert_allclose(w, 0.5 - LR * compensated, rtol=1e-6)

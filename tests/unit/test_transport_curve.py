@@ -7,7 +7,7 @@ import pytest
 import zmq
 
 from fleet.errors import ConfigError, FleetTimeoutError, TransportError
-from fleet.transport import Client, CurveConfig, ServerSocket, generate_keys, serve_in_thread, wait_for_servers
+from fleet.transport import Client, CurveConfig, ServerSocket, generate_keys, serving as serve_with, wait_for_servers
 from fleet.transport import curve as curve_module
 
 pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq built without CURVE")
@@ -20,14 +20,8 @@ def echo(request):
 @contextlib.contextmanager
 def serving(curve):
     server = ServerSocket("127.0.0.1:0", curve=curve)
-    thread, stop = serve_in_thread(server, echo, poll_ms=20)
-    try:
+    with serve_with(server, echo, poll_ms=20):
         yield server
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        assert not thread.is_alive()
-        server.close()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from fleet.transport import Client, ServerSocket, message, serve_in_thread
+from fleet.transport import Client, ServerSocket, message, serving as serve_with
 
 MESSAGES = 10_000
 
@@ -23,14 +23,8 @@ def handler(request):
 @contextlib.contextmanager
 def serving():
     server = ServerSocket("127.0.0.1:0", max_message_bytes=1 << 16)
-    thread, stop = serve_in_thread(server, handler, poll_ms=20)
-    try:
+    with serve_with(server, handler, poll_ms=20):
         yield server
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        assert not thread.is_alive()
-        server.close()
 
 
 def valid_frames(rng):

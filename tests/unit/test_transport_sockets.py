@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fleet.errors import ConfigError, FleetTimeoutError, ServerError, TransportError
-from fleet.transport import Client, ServerSocket, request_all, serve_in_thread, wait_for_servers
+from fleet.transport import Client, ServerSocket, request_all, serving as serve_with, wait_for_servers
 
 
 def echo_handler(request):
@@ -28,14 +28,8 @@ def echo_handler(request):
 @contextlib.contextmanager
 def serving(handler=echo_handler, endpoint="127.0.0.1:0", **kw):
     server = ServerSocket(endpoint, **kw)
-    thread, stop = serve_in_thread(server, handler, poll_ms=20)
-    try:
+    with serve_with(server, handler, poll_ms=20):
         yield server
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        assert not thread.is_alive()
-        server.close()
 
 
 @contextlib.contextmanager
