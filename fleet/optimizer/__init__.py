@@ -4,15 +4,16 @@ the same code servers run."""
 from fleet.errors import ConfigError
 from fleet.framework.backward import append_backward
 from fleet.framework.program import OPTIMIZE, Variable, default_startup_program
-from fleet.framework.tensor import SparseRows  # noqa: F401  (re-exported for rules' users)
 from fleet.initializer import Constant
-from fleet.optimizer.rules import make_rule
+from fleet.optimizer.rules import AdagradRule, AdamRule, MomentumRule, SGDRule
 
 
 class Optimizer:
-    """Base class. ``type`` names the update op; ``_rule_attrs`` its hyper-parameters."""
+    """Base class. ``type`` names the update op; ``rule`` holds the hyper-parameters and
+    the arithmetic (the same rule object servers build from the op's attributes)."""
 
     type = None
+    rule = SGDRule()
 
     def __init__(self, learning_rate, regularization=None, name=None):
         if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or learning_rate < 0:
@@ -23,14 +24,6 @@ class Optimizer:
             raise ConfigError("regularization is not supported; add the penalty to the loss")
         self._learning_rate = float(learning_rate)
         self._name = name
-
-    def _rule_attrs(self):
-        return {}
-
-    @property
-    def rule(self):
-        """The update rule of this optimizer (a ``fleet.optimizer.rules.Rule``)."""
-        return make_rule(self.type, self._rule_attrs())
 
     def get_lr(self):
         return self._learning_rate
@@ -61,7 +54,7 @@ class Optimizer:
                     var = block.vars[name]
                     Constant(fill)(var, startup)
                 inputs[key] = [name]
-            attrs = dict(self._rule_attrs())
+            attrs = rule.attrs()
             attrs["learning_rate"] = self._learning_rate * param.learning_rate
             attrs["op_role"] = OPTIMIZE
             ops.append(block.append_op(self.type, inputs=inputs, outputs={"ParamOut": [param.name]}, attrs=attrs))
@@ -97,11 +90,7 @@ class Momentum(Optimizer):
 
     def __init__(self, learning_rate, momentum, use_nesterov=False, regularization=None, name=None):
         super().__init__(learning_rate, regularization, name)
-        self._momentum = float(momentum)
-        self._use_nesterov = bool(use_nesterov)
-
-    def _rule_attrs(self):
-        return {"momentum": self._momentum, "use_nesterov": self._use_nesterov}
+        self.rule = MomentumRule(momentum, use_nesterov)
 
 
 class Adagrad(Optimizer):
@@ -112,11 +101,7 @@ class Adagrad(Optimizer):
     def __init__(self, learning_rate, epsilon=1e-6, regularization=None, name=None,
                  initial_accumulator_value=0.0):
         super().__init__(learning_rate, regularization, name)
-        self._epsilon = float(epsilon)
-        self._initial = float(initial_accumulator_value)
-
-    def _rule_attrs(self):
-        return {"epsilon": self._epsilon, "initial_accumulator_value": self._initial}
+        self.rule = AdagradRule(epsilon, initial_accumulator_value)
 
 
 class Adam(Optimizer):
@@ -130,12 +115,7 @@ class Adam(Optimizer):
         for label, v in (("beta1", beta1), ("beta2", beta2)):
             if not 0.0 <= v < 1.0:
                 raise ConfigError(f"Adam {label}={v} must be in [0, 1)")
-        self._beta1, self._beta2, self._epsilon = float(beta1), float(beta2), float(epsilon)
-        self._lazy_mode = bool(lazy_mode)
-
-    def _rule_attrs(self):
-        return {"beta1": self._beta1, "beta2": self._beta2, "epsilon": self._epsilon,
-                "lazy_mode": self._lazy_mode}
+        self.rule = AdamRule(beta1, beta2, epsilon, lazy_mode)
 
 
 SGDOptimizer = SGD

@@ -30,10 +30,11 @@ class Rule:
     type = None
     state_names = ()
     row_state_names = ()
+    attr_names = ()  # the hyper-parameters, as the constructor's keyword arguments
 
     def attrs(self):
         """Returns the hyper-parameters as a plain dict (what ``make_rule`` takes back)."""
-        return {}
+        return {name: getattr(self, name) for name in self.attr_names}
 
     def init_state(self, shape):
         """Returns fresh state arrays for a parameter of ``shape``."""
@@ -80,13 +81,12 @@ class MomentumRule(Rule):
 
     type = "momentum"
     state_names = row_state_names = ("velocity",)
+    attr_names = ("momentum", "use_nesterov")
 
     def __init__(self, momentum, use_nesterov=False):
         self.momentum = float(momentum)
         self.use_nesterov = bool(use_nesterov)
 
-    def attrs(self):
-        return {"momentum": self.momentum, "use_nesterov": self.use_nesterov}
 
     def apply_dense(self, param, grad, state, lr):
         optim.momentum_dense(_flat(param), _flat(state["velocity"]), _flat(grad), float(lr),
@@ -104,13 +104,12 @@ class AdagradRule(Rule):
 
     type = "adagrad"
     state_names = row_state_names = ("moment",)
+    attr_names = ("epsilon", "initial_accumulator_value")
 
     def __init__(self, epsilon=1e-6, initial_accumulator_value=0.0):
         self.epsilon = float(epsilon)
         self.initial_accumulator_value = float(initial_accumulator_value)
 
-    def attrs(self):
-        return {"epsilon": self.epsilon, "initial_accumulator_value": self.initial_accumulator_value}
 
     def init_state(self, shape):
         return {"moment": np.full(shape, self.initial_accumulator_value, dtype=np.float32)}
@@ -134,16 +133,13 @@ class AdamRule(Rule):
     type = "adam"
     state_names = ("moment1", "moment2", "beta1_pow", "beta2_pow")
     row_state_names = ("moment1", "moment2")
+    attr_names = ("beta1", "beta2", "epsilon", "lazy_mode")
 
     def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-8, lazy_mode=False):
         self.beta1 = float(beta1)
         self.beta2 = float(beta2)
         self.epsilon = float(epsilon)
         self.lazy_mode = bool(lazy_mode)
-
-    def attrs(self):
-        return {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
-                "lazy_mode": self.lazy_mode}
 
     def init_state(self, shape):
         state = super().init_state(shape)
@@ -176,6 +172,14 @@ class AdamRule(Rule):
 
 
 _RULES = {cls.type: cls for cls in (SGDRule, MomentumRule, AdagradRule, AdamRule)}
+
+
+def rule_from_op_attrs(op_type, attrs):
+    """Builds the rule of an optimizer op from its attributes, ignoring the others
+    (learning_rate, op_role, ...): how both local update ops and servers get their rule."""
+    cls = _RULES.get(op_type)
+    names = cls.attr_names if cls is not None else ()
+    return make_rule(op_type, {k: attrs[k] for k in names if k in attrs})
 
 
 def make_rule(op_type, attrs=None):

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from fleet.errors import ConfigError, DataError
-from fleet.optimizer.rules import make_rule
+from fleet.optimizer.rules import rule_from_op_attrs
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
 from fleet.transpiler.plan import DENSE, DISTRIBUTED, SPARSE
@@ -50,7 +50,7 @@ class ParameterServer:
         self.blocks = {}  # block name -> (ParamPlan, Block, DenseTable)
         self.shards = {}  # distributed table name -> (ParamPlan, SparseTable)
         for pplan, block in plan.blocks_on(endpoint):
-            rule = make_rule(pplan.rule_type, _rule_attrs(pplan))
+            rule = rule_from_op_attrs(pplan.rule_type, pplan.rule_attrs)
             if pplan.kind == DISTRIBUTED:
                 table = SparseTable(pplan.name, pplan.width, rule, pplan.init_spec,
                                     seed=pplan.seed, track_workers=track)
@@ -263,13 +263,6 @@ class ParameterServer:
         out = {name: entry[2].state_dict() for name, entry in self.blocks.items()}
         out.update({name: entry[1].state_dict() for name, entry in self.shards.items()})
         return out
-
-
-def _rule_attrs(pplan):
-    keys = {"sgd": (), "momentum": ("momentum", "use_nesterov"),
-            "adagrad": ("epsilon", "initial_accumulator_value"),
-            "adam": ("beta1", "beta2", "epsilon", "lazy_mode")}[pplan.rule_type]
-    return {k: pplan.rule_attrs[k] for k in keys if k in pplan.rule_attrs}
 
 
 def _grads(req):

@@ -1,15 +1,7 @@
 """Optimizer ops: one per parameter, applying a ``fleet.optimizer.rules`` rule in place."""
 from fleet.framework.registry import OpDef, register_op
 from fleet.framework.tensor import SparseRows
-from fleet.optimizer.rules import make_rule
-
-_RULE_ATTRS = {
-    "sgd": (),
-    "momentum": ("momentum", "use_nesterov"),
-    "adagrad": ("epsilon", "initial_accumulator_value"),
-    "adam": ("beta1", "beta2", "epsilon", "lazy_mode"),
-}
-
+from fleet.optimizer.rules import rule_from_op_attrs
 
 class _OptimizerOp(OpDef):
     """Inputs: Param, Grad and one slot per rule state; attr learning_rate (already
@@ -19,10 +11,10 @@ class _OptimizerOp(OpDef):
         self._rules = {}
 
     def rule(self, attrs):
-        key = tuple(attrs.get(k) for k in _RULE_ATTRS[self.type])
+        key = tuple(sorted((k, v) for k, v in attrs.items() if k not in ("learning_rate", "op_role", "is_test")))
         rule = self._rules.get(key)
         if rule is None:
-            rule = self._rules[key] = make_rule(self.type, {k: attrs[k] for k in _RULE_ATTRS[self.type] if k in attrs})
+            rule = self._rules[key] = rule_from_op_attrs(self.type, attrs)
         return rule
 
     def forward(self, ctx):
