@@ -141,11 +141,10 @@ class Communicator:
                 self._route_rows(pplan, value.rows, value.values, out)
                 continue
             arr = np.ascontiguousarray(value, dtype=np.float32)
-            flat2 = arr.reshape(pplan.rows, -1) if arr.ndim != 1 else arr
             for b in pplan.blocks:
                 names, arrays = out[b.endpoint]
                 names.append(b.name)
-                arrays.append(flat2[b.row_offset:b.row_offset + b.rows])
+                arrays.append(b.rows_of(arr))
         return out
 
     def _route_rows(self, pplan, rows, values, out, suffix=""):
@@ -193,8 +192,8 @@ class Communicator:
             if target is None:
                 target = np.empty(pplan.shape, dtype=np.float32)
                 self.scope[pplan.name] = target
-            view = target.reshape(pplan.rows, -1) if target.ndim != 1 else target
-            np.copyto(view[block.row_offset:block.row_offset + block.rows], value.reshape(view[block.row_offset:block.row_offset + block.rows].shape))
+            rows = block.rows_of(target)
+            np.copyto(rows, value.reshape(rows.shape))
 
     def _block_by_name(self, name):
         index = getattr(self, "_block_index", None)
@@ -214,7 +213,8 @@ class Communicator:
         for ep, reply in self._all({ep: ("pull_dense", [], [], {"blocks": n}) for ep, n in per_ep.items()}).items():
             for name, value in zip(reply.names, reply.arrays):
                 _, b = self._block_by_name(name)
-                out[b.row_offset:b.row_offset + b.rows] = value.reshape(b.rows, -1)
+                rows = b.rows_of(out)
+                rows[...] = value.reshape(rows.shape)
         return out
 
     def prefetch(self, table, ids, is_test=False):

@@ -267,10 +267,9 @@ class GeoCommunicator(Communicator):
             if p.kind == DENSE:
                 delta = (local - old) * np.float32(1.0 / workers)
                 old += delta
-                flat = delta.reshape(p.rows, -1) if delta.ndim != 1 else delta
                 for b in p.blocks:
                     out[b.endpoint][0].append(b.name)
-                    out[b.endpoint][1].append(np.ascontiguousarray(flat[b.row_offset:b.row_offset + b.rows]))
+                    out[b.endpoint][1].append(b.rows_of(delta))
                     pulls.setdefault(b.endpoint, []).append(b.name)
             else:
                 for b in p.blocks:
@@ -300,12 +299,10 @@ class GeoCommunicator(Communicator):
                     continue
                 p, b = self._block_by_name(name)
                 local, old = self.scope[p.name], self._old[p.name]
-                lv = local.reshape(p.rows, -1) if local.ndim != 1 else local
-                ov = old.reshape(p.rows, -1) if old.ndim != 1 else old
-                sl = slice(b.row_offset, b.row_offset + b.rows)
-                server = arrays[i].reshape(lv[sl].shape)
-                lv[sl] += server - ov[sl]
-                ov[sl] = server
+                lv, ov = b.rows_of(local), b.rows_of(old)
+                server = arrays[i].reshape(lv.shape)
+                lv += server - ov
+                ov[...] = server
                 i += 1
         self._touched = {}
         self._steps = 0

@@ -59,11 +59,7 @@ class ParameterServer:
             full = initial.get(pplan.name)
             if full is None:
                 raise ConfigError(f"server {endpoint}: no initial value for {pplan.name!r}")
-            full = np.asarray(full, dtype=np.float32)
-            if full.ndim >= 2:
-                value = full[block.row_offset:block.row_offset + block.rows]
-            else:
-                value = full.reshape(-1)[block.row_offset:block.row_offset + block.rows]
+            value = block.rows_of(np.asarray(full, dtype=np.float32))
             self.blocks[block.name] = (pplan, block, DenseTable(block.name, value, rule, track_workers=track))
         self.live = set(range(self.workers))
         self.stopped = set()

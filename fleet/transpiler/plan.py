@@ -30,6 +30,12 @@ class Block:
     def name(self):
         return f"{self.param}.block{self.index}" if self.split else self.param
 
+    def rows_of(self, full):
+        """Returns the view of this block's rows in ``full``, the whole parameter (any rank:
+        [rows, width] for a matrix or more, [rows] for a vector)."""
+        view = full.reshape(full.shape[0], -1) if full.ndim > 1 else full.reshape(-1)
+        return view[self.row_offset:self.row_offset + self.rows]
+
 
 @dataclass
 class ParamPlan:
