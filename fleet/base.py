@@ -19,7 +19,7 @@ from fleet.framework.program import Program, default_main_program, default_start
 from fleet.framework.scope import global_scope
 from fleet.optimizer import Optimizer
 from role_makers import PaddleCloudRoleMaker, RoleMakerBase
-from strategies import (DistributeTranspilerConfig, DistributedStrategy, check_strategy,
+from strategies import (DistributeTranspilerConfig, check_strategy,
                         strategy_from_config, DistributedStrategyFactory)
 
 log = logging.getLogger("fleet")

@@ -7,10 +7,8 @@ the placement plan (the same on every process), then
 - on a server: what ``init_server`` loads and ``run_server`` serves.
 """
 import logging
-import os
 import threading
 
-import numpy as np
 
 from fleet.communicator import make_communicator
 from fleet.errors import ConfigError

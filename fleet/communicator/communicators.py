@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from fleet.errors import FleetTimeoutError
+from fleet.framework.executor import reduce_gradients
 from fleet.framework.tensor import SparseRows
 from fleet.communicator.base import Communicator
 from fleet.transpiler.plan import DENSE, SPARSE
@@ -67,22 +68,6 @@ def _copy(value):
     if isinstance(value, SparseRows):
         return SparseRows(value.rows.copy(), value.values.copy(), value.height)
     return np.array(value, dtype=np.float32, copy=True)
-
-
-def _merge(values, average):
-    first = values[0]
-    if isinstance(first, SparseRows):
-        rows = np.concatenate([v.rows for v in values])
-        vals = np.concatenate([v.values for v in values])
-        if average and len(values) > 1:
-            vals *= np.float32(1.0 / len(values))
-        return SparseRows(rows, vals, first.height)
-    total = values[0]
-    for v in values[1:]:
-        total += v
-    if average and len(values) > 1:
-        total *= np.float32(1.0 / len(values))
-    return total
 
 
 class AsyncCommunicator(Communicator):
@@ -168,7 +153,7 @@ class AsyncCommunicator(Communicator):
                     break
             if items:
                 popped = max(popped, len(items))
-                grads[name] = _merge(items, average=not self.sum_merge)
+                grads[name] = reduce_gradients(items, average=not self.sum_merge)
         if grads:
             requests = self._requests("push", self.split_grads(grads))
             if requests:

@@ -39,6 +39,10 @@ class Prefetch(OpDef):
         ctx.local[ctx.output_name("Out")] = rows
 
 
+def _step_grads(ctx):
+    return {n: v for n, v in zip(ctx.op.input("Grad"), ctx.inputs("Grad")) if v is not None}
+
+
 @register_op
 class Send(OpDef):
     """Hands the step's gradients to the communicator (sync waits for the update)."""
@@ -46,9 +50,7 @@ class Send(OpDef):
     type = "send"
 
     def forward(self, ctx):
-        names = ctx.op.input("Grad")
-        values = ctx.inputs("Grad")
-        _communicator(ctx).send({n: v for n, v in zip(names, values) if v is not None})
+        _communicator(ctx).send(_step_grads(ctx))
 
 
 @register_op
@@ -58,6 +60,4 @@ class GeoStep(OpDef):
     type = "geo_step"
 
     def forward(self, ctx):
-        names = ctx.op.input("Grad")
-        values = ctx.inputs("Grad")
-        _communicator(ctx).geo_step({n: v for n, v in zip(names, values) if v is not None})
+        _communicator(ctx).geo_step(_step_grads(ctx))

@@ -7,7 +7,7 @@ under ``<slot>@GRAD``. A variable used by several ops gets one renamed gradient 
 and a ``sum`` op after the last one (Paddle's scheme).
 """
 from fleet.errors import ConfigError
-from fleet.framework.program import BACKWARD, LOSS, Parameter, Variable
+from fleet.framework.program import BACKWARD, LOSS, Variable
 from fleet.framework.registry import get_op_def
 
 
@@ -33,7 +33,6 @@ def append_backward(loss, parameter_list=None, no_grad_set=None):
     if not isinstance(loss, Variable):
         raise ConfigError(f"loss must be a fleet Variable, got {type(loss).__name__}")
     block = loss.block
-    program = block.program
     no_grad = {v.name if isinstance(v, Variable) else v for v in (no_grad_set or ())}
     no_grad |= {n for n, v in block.vars.items() if v.stop_gradient}
 
@@ -121,11 +120,9 @@ def append_backward(loss, parameter_list=None, no_grad_set=None):
             block.create_var(_grad_name(name), shape=var.shape, dtype=var.dtype, lod_level=var.lod_level)
             block.append_op("sum", inputs={"X": pending.pop(name)},
                             outputs={"Out": [_grad_name(name)]}, attrs={"op_role": BACKWARD})
-        for slot in opdef.grad_slots:
+        for slot in opdef.grad_slots:  # a gradient is complete once every use contributed
             for name in op.input(slot):
                 if wants_grad(name) and seen.get(name, contributions[name]) >= contributions[name]:
-                    available.add(name)
-                elif wants_grad(name) and contributions[name] == 1:
                     available.add(name)
 
     return [(p, block.var(_grad_name(p.name))) for p in params if _grad_name(p.name) in block.vars]

@@ -10,13 +10,11 @@ temporaries. Running the same program concurrently on the same scope races on th
 parameters by design (Hogwild).
 """
 import logging
-import sys
 import threading
-import time
 
 import numpy as np
 
-from fleet.errors import ConfigError, DataError, FleetTimeoutError
+from fleet.errors import ConfigError, DataError
 from fleet.framework import passes
 from fleet.framework.context import OpContext
 from fleet.framework.program import OPTIMIZE, Program, Variable, default_main_program
@@ -297,18 +295,24 @@ def feed_value(var, value):
     return arr
 
 
-def reduce_gradients(values):
-    """Averages the gradients of several threads (dense arrays or SparseRows)."""
+def reduce_gradients(values, average=True):
+    """Sums (or averages) gradients of one parameter from several threads or steps.
+
+    Dense arrays are added with a numba kernel into a new array; SparseRows are
+    concatenated (the optimizer merges duplicate rows).
+    """
     first = values[0]
-    n = len(values)
+    scale = 1.0 / len(values) if average else 1.0
     if isinstance(first, SparseRows):
         rows = np.concatenate([v.rows for v in values])
         vals = np.concatenate([v.values for v in values])
-        sparse_kernels.scale_into(vals.reshape(-1), 1.0 / n)
+        if scale != 1.0:
+            sparse_kernels.scale_into(vals.reshape(-1), scale)
         return SparseRows(rows, vals, first.height)
     out = np.array(first, dtype=np.float32, copy=True)
     flat = out.reshape(-1)
     for v in values[1:]:
         sparse_kernels.add_into(flat, np.ascontiguousarray(v, dtype=np.float32).reshape(-1))
-    sparse_kernels.scale_into(flat, 1.0 / n)
+    if scale != 1.0:
+        sparse_kernels.scale_into(flat, scale)
     return out

@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 
-from fleet.errors import FleetTimeoutError
 from fleet.framework.executor import DATASET_BATCH_TIMEOUT_S, _Runner, feed_value, reduce_gradients
 
 log = logging.getLogger("fleet")

@@ -2,7 +2,7 @@
 import math
 
 from fleet.errors import ConfigError
-from fleet.framework.program import normalize_dtype, Variable
+from fleet.framework.program import normalize_dtype
 from fleet.layers.helper import append_op, check_var, create_tmp
 from fleet.layers.helper import create_parameter as _new_parameter
 from fleet.param_attr import ParamAttr

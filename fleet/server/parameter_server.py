@@ -24,7 +24,7 @@ from fleet.errors import ConfigError, DataError
 from fleet.optimizer.rules import rule_from_op_attrs
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
-from fleet.transpiler.plan import DENSE, DISTRIBUTED, SPARSE
+from fleet.transpiler.plan import DISTRIBUTED
 
 log = logging.getLogger("fleet.server")
 
