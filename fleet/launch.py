@@ -41,6 +41,8 @@ ROLE_VARIABLES = (
 # Read by Paddle's other role makers; removed so a value left in the launcher's own
 # environment cannot contradict the role fleetrun gives.
 STALE_VARIABLES = ("PADDLE_TRAINING_ROLE", "PADDLE_CURRENT_ENDPOINT", "PADDLE_PSERVER_ID")
+# Thread counts of the BLAS pools; set per process unless the user set any of them.
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 _POLL_SECONDS = 0.05
 _TAIL_LINES = 20
@@ -229,6 +231,12 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
     })
     if role == "worker":
         env["PADDLE_TRAINER_ID"] = str(index)
+    if not any(k in env for k in BLAS_THREAD_VARIABLES):
+        # Every process started here shares this machine's cores: a worker's BLAS gets its
+        # share, a server (numba kernels, no BLAS) one thread. Oversubscribed BLAS pools
+        # spin against each other (measured 4x slower with 2 workers on 2 cores).
+        share = 1 if role == "server" else max(1, (os.cpu_count() or 1) // len(config.worker_endpoints))
+        env.update({k: str(share) for k in BLAS_THREAD_VARIABLES})
     return env
 
 

@@ -182,16 +182,20 @@ class DatasetTrainer:
                 handler.handler(values)
 
     def _blas_limit(self):
-        """With several training threads, each runs BLAS on its share of the cores: two
-        threads each driving a 2-thread BLAS pool oversubscribe the machine (measured 3x
-        slower on 2 cores; benchmarks/bench_local_train.py)."""
+        """With several training threads, each runs BLAS on its share of the BLAS threads
+        this process may use (its pool size, which OMP_NUM_THREADS / OPENBLAS_NUM_THREADS
+        set; fleetrun gives each worker its share of the machine): two threads each driving
+        a 2-thread BLAS pool oversubscribe 2 cores (measured 3x slower;
+        benchmarks/bench_local_train.py)."""
         if self.threads <= 1:
             return contextlib.nullcontext()
         try:
-            from threadpoolctl import threadpool_limits
+            from threadpoolctl import threadpool_info, threadpool_limits
         except ImportError:
             return contextlib.nullcontext()
-        return threadpool_limits(limits=max(1, (os.cpu_count() or 1) // self.threads), user_api="blas")
+        pools = [p["num_threads"] for p in threadpool_info() if p.get("user_api") == "blas"]
+        budget = max(pools) if pools else (os.cpu_count() or 1)
+        return threadpool_limits(limits=max(1, budget // self.threads), user_api="blas")
 
     def run(self):
         with self._blas_limit():

@@ -392,7 +392,19 @@ def test_process_environment_of_a_server_drops_an_inherited_trainer_id():
     env = process_environment(config, "server", 1, base={"PADDLE_TRAINER_ID": "5", "A": "b"})
     assert env == {"A": "b", "TRAINING_ROLE": "PSERVER", "PADDLE_PSERVERS_IP_PORT_LIST": "h:1,h:2",
                    "PADDLE_TRAINER_ENDPOINTS": "h:3", "PADDLE_TRAINERS_NUM": "1",
-                   "POD_IP": "h", "PADDLE_PORT": "2"}
+                   "POD_IP": "h", "PADDLE_PORT": "2",
+                   "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def test_workers_share_the_cores_among_their_blas_pools_unless_the_user_set_one(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    config = LaunchConfig("t.py", server_endpoints=("h:1",), worker_endpoints=("h:3", "h:4", "h:5"))
+    env = process_environment(config, "worker", 0, base={})
+    assert [env[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")] == ["2"] * 3
+    assert process_environment(config, "server", 0, base={})["OMP_NUM_THREADS"] == "1"
+    mine = process_environment(config, "worker", 1, base={"OPENBLAS_NUM_THREADS": "4"})
+    assert mine["OPENBLAS_NUM_THREADS"] == "4" and "OMP_NUM_THREADS" not in mine
+    assert "OMP_NUM_THREADS" not in process_environment(LaunchConfig("t.py"), "worker", 0, base={})
 
 
 def test_help_is_the_manual_of_every_option_variable_log_and_exit_code(fleetrun):
