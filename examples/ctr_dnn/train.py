@@ -28,8 +28,10 @@ def parse_args(argv=None):
     p.add_argument("--strategy", default="async", choices=["sync", "async", "half_async", "geo"])
     p.add_argument("--geo_k", type=int, default=100, help="GEO update frequency (steps between exchanges)")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch_size", type=int, default=1000)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch_size", type=int, default=1000,
+                   help="examples per parameter update (default 1000); in sync mode one update averages "
+                        "every worker's and thread's batch, so each thread reads batch_size / (workers x threads)")
+    p.add_argument("--threads", type=int, default=2, help="training threads per worker")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adagrad"])
     p.add_argument("--sparse_feature_dim", type=int, default=1000001)
@@ -65,6 +67,19 @@ class MetricsLog(fleet.FetchHandler):
                                 **{k: float(v.reshape(-1)[0]) for k, v in res_dict.items()}}) + "\n")
 
 
+def thread_batch_size(args):
+    """Each training thread's batch: ``--batch_size`` examples per update. Sync averages the
+    batches of every thread of every worker into one update, so there they are smaller and
+    the run makes as many updates of the same size as local training does."""
+    if args.strategy != "sync" or fleet.is_local():
+        return args.batch_size
+    share = fleet.worker_num() * args.threads
+    if args.batch_size < share:
+        raise SystemExit(f"--batch_size {args.batch_size} is smaller than workers x threads = {share}: "
+                         f"sync needs at least one example per thread")
+    return args.batch_size // share
+
+
 def main(argv=None):
     args = parse_args(argv)
     fleet.init(PaddleCloudRoleMaker())
@@ -86,7 +101,11 @@ def main(argv=None):
     dataset = fleet.DatasetFactory().create_dataset("QueueDataset")
     dataset.set_use_var(inputs)
     dataset.set_data_format("criteo", hash_dim=args.sparse_feature_dim)
-    dataset.set_batch_size(args.batch_size)
+    batch_size = thread_batch_size(args)
+    if batch_size != args.batch_size and fleet.is_first_worker():
+        print(f"sync: {fleet.worker_num()} workers x {args.threads} threads x batch {batch_size} "
+              f"= {batch_size * fleet.worker_num() * args.threads} examples per update", flush=True)
+    dataset.set_batch_size(batch_size)
     dataset.set_thread(args.threads)
     dataset.set_filelist(my_files)
     os.makedirs(args.model_dir, exist_ok=True)
