@@ -42,7 +42,9 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--strategies", default="sync,async,half_async,geo")
     p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--geo_k", type=int, default=100)
+    p.add_argument("--geo_k", type=int, default=20)
+    p.add_argument("--worker_threads", type=int, default=None,
+                   help="training threads per worker (default: train.py's --threads, as local)")
     args, train_args = p.parse_known_args(argv)
     work = tempfile.mkdtemp(prefix="fleet-bench-dist-")
     data = os.path.join(work, "data")
@@ -56,12 +58,13 @@ def main(argv=None):
     out = run([sys.executable, "train.py", "--model_dir", os.path.join(work, "local"), *common], EXAMPLE, env)
     results["local"] = {"examples_per_sec": round(speed_of(out)), "test_auc": round(test_auc(os.path.join(work, "local", last), data), 4),
                         "seconds": round(time.time() - t0, 1)}
+    threads = [] if args.worker_threads is None else ["--threads", str(args.worker_threads)]
     for strategy in args.strategies.split(","):
         model = os.path.join(work, strategy)
         t0 = time.time()
         run([sys.executable, "-m", "fleet.launch", "--server_num", str(args.servers), "--worker_num", "2",
              "--log_dir", os.path.join(model, "log"), "train.py", "--model_dir", model, "--strategy", strategy,
-             "--geo_k", str(args.geo_k), *common], EXAMPLE, env)
+             "--geo_k", str(args.geo_k), *common, *threads], EXAMPLE, env)
         speed = sum(speed_of(open(os.path.join(model, "log", f"workerlog.{i}")).read()) for i in range(2))
         results[strategy] = {"examples_per_sec": round(speed),
                              "test_auc": round(test_auc(os.path.join(model, last), data), 4),
