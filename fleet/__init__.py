@@ -44,6 +44,10 @@ _EXPORTS = {
     "ParamAttr": "fleet.param_attr",
     "CPUPlace": "fleet.framework.place",
     "DatasetFactory": "fleet.dataset",
+    "CheckpointConfig": "fleet.checkpoint",
+    "latest_checkpoint": "fleet.checkpoint",
+    "save_checkpoint": "fleet.checkpoint",
+    "load_checkpoint": "fleet.checkpoint",
     "Fleet": "fleet.base",
     "DistributedOptimizer": "fleet.base",
 }
