@@ -252,8 +252,10 @@ class Fleet:
         ones local training uses, so local and distributed saves load into each other
         where shapes allow. Call it from one worker (``fleet.is_first_worker()``); it
         flushes this worker's queued updates first. In sync mode the save is exactly the
-        state after this worker's last step; in the other modes other workers keep
-        training while it reads, so parameters may be a few updates apart.
+        state after this worker's last step (the other workers wait for this worker's
+        next step, so the save must end within their FLEET_RPC_TIMEOUT_MS); in the other
+        modes other workers keep training while it reads, so parameters may be a few
+        updates apart.
 
         Returns:
             The directory written.
@@ -278,7 +280,8 @@ class Fleet:
             value = scope.find_var(name)
             if value is not None:
                 arrays[name] = value
-        meta.update(mode="local", program_vars=sorted(arrays))
+        meta.update(mode="local", program_vars=sorted(arrays),
+                    strategy={"class": type(self._strategy).__name__} if self._strategy is not None else None)
         return fio.write_vars(dirname, arrays, meta)
 
     def load_persistables(self, executor, dirname, main_program=None):

@@ -109,7 +109,7 @@ def use_saved_tables(program, tables):
     ops = block.ops
     reads = []
     for table, dim in sorted(tables.items()):
-        readers = [i for i, op in enumerate(ops) if op.input("W") == [table]]
+        readers = [i for i, op in enumerate(ops) if op.type == "lookup_table" and op.input("W") == [table]]
         if not readers:
             continue
         id_vars = []

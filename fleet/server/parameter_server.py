@@ -20,6 +20,7 @@ their optimizer state, ``pull_shard`` reads a distributed table out chunk by chu
 Thread-safety: one thread calls ``handle``; tables are locked anyway.
 """
 import logging
+import os
 import time
 
 import numpy as np
@@ -272,7 +273,7 @@ class ParameterServer:
         (a ``fleet.framework.io.VarsReader``); see ``fleet.server.checkpoint``."""
         load_server_state(self, reader)
         extra = reader.extra
-        self.loaded = {"dirname": reader.dirname, "save_id": extra.get("save_id"),
+        self.loaded = {"dirname": os.path.abspath(reader.dirname), "save_id": extra.get("save_id"),
                        "step": extra.get("step"), "epoch": extra.get("epoch")}
 
     def _op_pull_state(self, req):
