@@ -197,8 +197,7 @@ class WorkerRuntime:
         """
         self._need_started("checkpoint_info")
         infos = self.comm.checkpoint_info()
-        ids = {(i.get("save_id"), i.get("dirname")) for i in infos.values()}
-        if len({i for i, _ in ids}) > 1:
+        if len({info.get("save_id") for info in infos.values()}) > 1:
             detail = ", ".join(f"{ep}: {i.get('dirname')}" for ep, i in infos.items())
             raise ConfigError(f"the servers loaded different checkpoints ({detail}); start every server "
                               f"with the same fleet.init_server(model_dir)")

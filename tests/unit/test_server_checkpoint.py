@@ -341,3 +341,24 @@ def test_a_table_read_covers_the_rows_that_existed_when_it_began():
     ids = np.concatenate([c["ids"] for c, _ in chunks])
     np.testing.assert_array_equal(ids, np.arange(10))
     assert all(c["state.beta1_pow"].shape == (1,) for c, _ in chunks)
+
+
+def test_servers_report_the_checkpoint_they_loaded_and_a_worker_refuses_a_mix(tmp_path):
+    from fleet.runtime import WorkerRuntime
+
+    first = _cluster(2)
+    with fio.VarsWriter(str(tmp_path / "ckpt"), {"save_id": "abc", "step": 40, "epoch": 2}) as writer:
+        write_server_params(writer, first.comm, first.plan.params.values())
+    fresh = _cluster(2)
+    assert {ep: info["dirname"] for ep, info in fresh.comm.checkpoint_info().items()} == \
+           {ep: None for ep in fresh.servers}
+    loaded = _cluster(2, str(tmp_path / "ckpt"))
+    runtime = WorkerRuntime.__new__(WorkerRuntime)  # only what checkpoint_info uses
+    runtime.started, runtime.comm = True, loaded.comm
+    assert runtime.checkpoint_info() == {"dirname": str(tmp_path / "ckpt"), "save_id": "abc", "step": 40,
+                                         "epoch": 2}
+    list(loaded.servers.values())[1].loaded = {"dirname": "/elsewhere", "save_id": "xyz", "step": 1,
+                                               "epoch": 0}
+    with pytest.raises(ConfigError, match=r"the servers loaded different checkpoints \(127.0.0.1:7100: .*ckpt, "
+                                          r"127.0.0.1:7101: /elsewhere\); start every server with the same"):
+        runtime.checkpoint_info()
