@@ -162,15 +162,27 @@ def is_valid_checkpoint(path):
 
 
 def latest_checkpoint(checkpoint_dir):
-    """Returns the path of the newest valid checkpoint in ``checkpoint_dir``, or None.
+    """Returns the path of the newest valid checkpoint in ``checkpoint_dir``, or None when
+    it holds no checkpoint (a fresh start).
 
-    Directories without a manifest (a save that never finished) or with a missing or
-    truncated file are skipped; checksums are verified when the checkpoint is loaded.
+    A ``ckpt-<step>`` directory without a manifest or with a missing or truncated file is
+    skipped (logged); checksums are verified when the checkpoint is loaded. An
+    interrupted save leaves only a hidden temporary, which is not a checkpoint.
+
+    Raises:
+        DataError: there are checkpoints but none is valid (resuming from nothing would
+            silently lose the training they hold; the message says how to start fresh).
     """
-    for _, path in reversed(list_checkpoints(checkpoint_dir)):
+    found = list_checkpoints(checkpoint_dir)
+    for _, path in reversed(found):
         if is_valid_checkpoint(path):
             return path
         log.warning("fleet: skipping checkpoint %s: it is incomplete or damaged", path)
+    if found:
+        raise DataError(
+            f"{checkpoint_dir!r} holds checkpoints {[os.path.basename(p) for _, p in found][-5:]} but none "
+            f"is complete (a manifest and every file at its recorded size); restore one, or remove them to "
+            f"start fresh")
     return None
 
 

@@ -11,7 +11,7 @@ import fleet.base
 import fleet.checkpoint as ckpt
 import fleet.framework as fw
 from fleet import layers, optimizer
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, DataError
 from fleet.framework import io as fio
 from role_makers import LocalRoleMaker, Role, RoleMakerBase
 
@@ -169,6 +169,10 @@ def test_latest_checkpoint_skips_torn_truncated_and_temporary_directories(tmp_pa
     assert ckpt.latest_checkpoint(str(base)) == str(base / "ckpt-4")
     assert ckpt.latest_checkpoint(str(tmp_path / "nowhere")) is None
     assert ckpt.latest_checkpoint(str(tmp_path)) is None
+    (tmp_path / "damaged" / "ckpt-3").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"holds checkpoints \['ckpt-3'\] but none is complete .* remove them "
+                                        r"to start fresh"):
+        ckpt.latest_checkpoint(str(tmp_path / "damaged"))
     # the next save prunes the leftovers older than it and the interrupted temporary
     _train(exe, loss, cfg, 10)
     assert sorted(os.listdir(base)) == ["ckpt-10", "ckpt-2", "ckpt-4", "ckpt-6", "ckpt-8", "ckpt-x"]
