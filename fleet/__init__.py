@@ -20,7 +20,8 @@ _FLEET_METHODS = (
     "init", "is_worker", "is_server", "is_first_worker", "is_local", "worker_index", "worker_num",
     "server_index", "server_num", "worker_endpoints", "server_endpoints", "split_files",
     "barrier_worker", "distributed_optimizer", "init_worker", "init_server", "run_server",
-    "stop_worker", "save_persistables", "load_persistables",
+    "stop_worker", "save_persistables", "load_persistables", "save_inference_model",
+    "load_inference_model",
 )
 _FLEET_ATTRS = ("main_program", "startup_program")
 
@@ -43,6 +44,10 @@ _EXPORTS = {
     "ParamAttr": "fleet.param_attr",
     "CPUPlace": "fleet.framework.place",
     "DatasetFactory": "fleet.dataset",
+    "CheckpointConfig": "fleet.checkpoint",
+    "latest_checkpoint": "fleet.checkpoint",
+    "save_checkpoint": "fleet.checkpoint",
+    "load_checkpoint": "fleet.checkpoint",
     "Fleet": "fleet.base",
     "DistributedOptimizer": "fleet.base",
 }

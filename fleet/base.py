@@ -11,10 +11,14 @@ safe anywhere.
 """
 import logging
 import os
+import uuid
+
+import numpy as np
 
 from fleet.errors import ConfigError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
+from fleet.framework.inference import inference_program, load_inference_model, save_inference_model
 from fleet.framework.program import Program, default_main_program, default_startup_program
 from fleet.framework.scope import global_scope
 from fleet.optimizer import Optimizer
@@ -221,57 +225,195 @@ class Fleet:
     def _persistable_names(self, program):
         return [v.name for v in program.list_vars() if v.persistable and not v.is_data]
 
+    @staticmethod
+    def _check_executor(executor, what):
+        if type(executor).__name__ == "ParallelExecutor":
+            raise TypeError(f"in fleet.{what}() function, executor must be as Executor type, "
+                            f"ParallelExecutor is not allowed")
+        if not isinstance(executor, Executor):
+            raise TypeError(f"in fleet.{what}() function, executor must be as Executor type")
+
+    @staticmethod
+    def _check_program(program, what):
+        if type(program).__name__ == "CompiledProgram":
+            raise TypeError(f"in fleet.{what}() function, main_program must be as Program type, "
+                            f"CompiledProgram is not allowed")
+        if not isinstance(program, Program):
+            raise TypeError(f"in fleet.{what}() function, main_program must be as Program type")
+
     def save_persistables(self, executor, dirname, main_program=None):
-        """Saves every parameter and optimizer state of ``main_program`` to ``dirname``
-        atomically (see ``fleet.framework.io``). On a distributed worker the values are
-        pulled whole from the servers.
+        """Saves every parameter and its optimizer state to ``dirname`` atomically (see
+        ``fleet.framework.io``): complete, or not there at all.
+
+        Locally: every persistable variable of the program. On a distributed worker:
+        every parameter pulled whole from the servers with its optimizer state, every
+        server's share of each distributed table (as ``<table>@ids`` / ``@values`` /
+        ``<table>_<key>_0@values``), and this worker's own persistables; names are the
+        ones local training uses, so local and distributed saves load into each other
+        where shapes allow. Call it from one worker (``fleet.is_first_worker()``); it
+        flushes this worker's queued updates first. In sync mode the save is exactly the
+        state after this worker's last step (the other workers wait for this worker's
+        next step, so the save must end within their FLEET_RPC_TIMEOUT_MS); in the other
+        modes other workers keep training while it reads, so parameters may be a few
+        updates apart.
+
+        Returns:
+            The directory written.
 
         Raises:
-            TypeError: executor is not a fleet Executor, main_program not a Program.
+            TypeError: executor is not a fleet Executor, main_program not a Program
+                (Paddle's messages).
         """
-        if not isinstance(executor, Executor):
-            raise TypeError("in fleet.save_persistables() function, executor must be as Executor type")
+        return self._save_persistables(executor, dirname, main_program, None)
+
+    def _save_persistables(self, executor, dirname, main_program, extra):
+        self._check_executor(executor, "save_persistables")
         program = main_program or self.main_program or default_main_program()
-        if not isinstance(program, Program):
-            raise TypeError("in fleet.save_persistables() function, main_program must be as Program type")
+        self._check_program(program, "save_persistables")
+        meta = {"kind": "persistables", "save_id": uuid.uuid4().hex}
+        meta.update(extra or {})
         if self._runtime is not None and hasattr(self._runtime, "save_persistables"):
-            return self._runtime.save_persistables(dirname, program)
+            return self._runtime.save_persistables(dirname, program, meta)
         scope = global_scope()
         arrays = {}
         for name in self._persistable_names(program):
             value = scope.find_var(name)
             if value is not None:
                 arrays[name] = value
-        return fio.write_vars(dirname, arrays, {"program_vars": sorted(arrays)})
+        meta.update(mode="local", program_vars=sorted(arrays),
+                    strategy={"class": type(self._strategy).__name__} if self._strategy is not None else None)
+        return fio.write_vars(dirname, arrays, meta)
 
     def load_persistables(self, executor, dirname, main_program=None):
         """Loads what ``save_persistables`` wrote into the global scope, in place where the
         variable already exists (so arrays held by users stay live).
 
+        Locally: every persistable variable of the program (an ``is_sparse`` or
+        ``is_distributed`` table saved by a distributed job, as ``<table>@ids`` /
+        ``@values``, is scattered into the local table, whose size must hold every id).
+        On a distributed worker: only the worker's own persistables (metric states;
+        GEO's local optimizer state); the servers load parameters and optimizer state
+        with ``fleet.init_server(dirname)``.
+
+        Returns:
+            The names loaded.
+
         Raises:
-            ConfigError / DataError: missing directory, incomplete save, corrupt file.
+            ConfigError / DataError: missing directory, incomplete save, corrupt file,
+                a variable the program needs that the save lacks.
         """
-        if not isinstance(executor, Executor):
-            raise TypeError("in fleet.load_persistables() function, executor must be as Executor type")
+        self._check_executor(executor, "load_persistables")
         program = main_program or self.main_program or default_main_program()
-        names = [n for n in self._persistable_names(program)]
+        self._check_program(program, "load_persistables")
+        if self._runtime is not None and hasattr(self._runtime, "load_persistables"):
+            return self._runtime.load_persistables(dirname, program)
+        names = self._persistable_names(program)
         manifest = fio.read_manifest(dirname)
-        missing = [n for n in names if n not in manifest["vars"]]
+        saved = manifest["vars"]
+        by_id = [n for n in names if n not in saved and _id_keyed(n, saved) is not None]
+        missing = [n for n in names if n not in saved and n not in by_id]
         if missing:
             raise ConfigError(
                 f"{dirname!r} lacks {missing[:5]} of this program; it was saved from a "
                 f"different model")
-        values = fio.read_vars(dirname, names)
+        values = fio.read_vars(dirname, [n for n in names if n in saved])
         scope = global_scope()
+        scattered = {n: _scatter_by_id(dirname, n, _id_keyed(n, saved), scope) for n in by_id}
         for name, value in values.items():
             current = scope.find_var(name)
             if current is not None and getattr(current, "shape", None) == value.shape:
                 current[...] = value
             else:
                 scope[name] = value
-        if self._runtime is not None and hasattr(self._runtime, "after_load"):
-            self._runtime.after_load(values)
-        return sorted(values)
+        for name, value in scattered.items():
+            scope.find_var(name)[...] = value
+        return sorted(values) + sorted(scattered)
+
+    def save_inference_model(self, executor, dirname, feeded_var_names, target_vars, main_program=None,
+                             export_for_deployment=True):
+        """Saves a program that computes ``target_vars`` from ``feeded_var_names``, with
+        the parameters it reads, atomically; ``fleet.load_inference_model`` reads it back
+        and predicts with a plain Executor, no servers needed.
+
+        Args:
+            executor: a fleet Executor.
+            dirname: the directory to write.
+            feeded_var_names: names of the inputs (a str or a list of str).
+            target_vars: the Variables to predict (one or a list).
+            main_program: the program to prune (default: the program as built before
+                ``minimize`` split it for the servers).
+            export_for_deployment: prune to what the targets need (else a whole test
+                clone of the program is saved).
+
+        On a distributed worker the parameters are pulled whole from the servers and a
+        distributed table is saved as ``<table>@ids`` / ``<table>@values``: in the loaded
+        program an id the table does not hold reads as a zero row, as a server answers
+        an unseen id under ``is_test``.
+
+        Returns:
+            The directory written.
+
+        Raises:
+            TypeError: Paddle's messages for a wrong executor or program type.
+            ValueError: feed names or targets of the wrong type (Paddle's messages).
+            ConfigError: a target needs an input that is not fed.
+        """
+        self._check_executor(executor, "save_inference_model")
+        if main_program is not None:
+            self._check_program(main_program, "save_inference_model")
+        program = main_program or self._origin_program or default_main_program()
+        if self._runtime is not None and hasattr(self._runtime, "save_inference_model"):
+            pruned, feeds, fetches = inference_program(program, feeded_var_names, target_vars,
+                                                       export_for_deployment)
+            return self._runtime.save_inference_model(dirname, pruned, feeds, fetches)
+        save_inference_model(dirname, feeded_var_names, target_vars, program,
+                             export_for_deployment=export_for_deployment)
+        return os.path.abspath(dirname)
+
+    def load_inference_model(self, dirname, executor=None):
+        """Loads an inference model into the global scope.
+
+        Returns:
+            (program, feed_names, fetch_targets), as Paddle's
+            ``fluid.io.load_inference_model``: ``exe.run(program, feed={...},
+            fetch_list=fetch_targets)`` predicts.
+        """
+        if executor is not None:
+            self._check_executor(executor, "load_inference_model")
+        return load_inference_model(dirname, executor)
+
+
+def _id_keyed(name, saved):
+    """For a table variable saved keyed by id (``<table>@ids`` + ``<name>@values``),
+    returns the table name, else None."""
+    if name + "@values" not in saved:
+        return None
+    parts = name.split("_")
+    for end in range(len(parts), 0, -1):
+        table = "_".join(parts[:end])
+        if table + "@ids" in saved:
+            return table
+    return None
+
+
+def _scatter_by_id(dirname, name, table, scope):
+    """The local value of ``name`` with the rows a distributed save holds put in place."""
+    current = scope.find_var(name)
+    if current is None or getattr(current, "ndim", 0) != 2:
+        raise ConfigError(f"{name!r} must exist as a [rows, width] table before loading {dirname!r} into it; "
+                          f"run the startup program first")
+    saved = fio.read_vars(dirname, [table + "@ids", name + "@values"])
+    ids, rows = saved[table + "@ids"], saved[name + "@values"]
+    if rows.shape[1:] != current.shape[1:]:
+        raise ConfigError(f"{dirname!r}: {name + '@values'!r} has rows of shape {list(rows.shape[1:])}, "
+                          f"the local {name!r} {list(current.shape[1:])}")
+    if len(ids) and (ids.min() < 0 or ids.max() >= current.shape[0]):
+        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        raise ConfigError(f"{dirname!r}: table {table!r} holds id {bad}, outside the local table's "
+                          f"[0, {current.shape[0]}); enlarge the embedding's size[0] to load it")
+    value = np.array(current, copy=True)
+    value[ids] = rows
+    return value
 
 
 class DistributedOptimizer:

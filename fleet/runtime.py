@@ -8,15 +8,21 @@ the placement plan (the same on every process), then
 """
 import logging
 import threading
+import uuid
 
+import numpy as np
 
 from fleet.communicator import make_communicator
 from fleet.errors import ConfigError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
+from fleet.framework.inference import MODEL_FILE, manifest_extra, persistable_names, use_saved_tables
+from fleet.framework.program import serialize_program
 from fleet.framework.scope import Scope, global_scope
+from fleet.optimizer.rules import rule_from_op_attrs
+from fleet.server.checkpoint import initial_values, state_var
 from fleet.server.parameter_server import ParameterServer
-from fleet.transpiler.plan import DENSE, DISTRIBUTED, SPARSE, build_plan
+from fleet.transpiler.plan import DISTRIBUTED, SPARSE, build_plan
 from fleet.transpiler.worker_program import transpile_worker
 from fleet.transport import Client, CurveConfig, ServerSocket, wait_for_servers
 
@@ -93,29 +99,213 @@ class WorkerRuntime:
         if not self.started:
             raise ConfigError(f"{what} needs the servers: call fleet.init_worker() first")
 
-    def save_persistables(self, dirname, program):
-        """Pulls every parameter whole from the servers and saves it with this worker's own
-        persistable state (metrics), atomically."""
+    def server_held(self):
+        """Names whose values live on the servers: every parameter of the plan and, except
+        in GEO (whose workers run their own optimizer), its optimizer state."""
+        names = set(self.plan.params)
+        if self.plan.mode != "geo":
+            for p in self.plan.params.values():
+                rule = rule_from_op_attrs(p.rule_type, p.rule_attrs)
+                names.update(state_var(p.name, key) for key in rule.state_names)
+        return names
+
+    def save_persistables(self, dirname, program, extra=None):
+        """Saves every parameter (pulled whole from the servers), its optimizer state and
+        every server's share of each distributed table, with this worker's own
+        persistables (metric states; GEO's local optimizer state), atomically.
+
+        This worker's queued updates are sent first. In sync mode the other workers wait
+        for this worker's next step, so the save is the state after its last step; in
+        async, half-async and GEO modes other workers keep pushing while the save reads,
+        so each block and each chunk of a table is consistent in itself but parameters
+        may be a few updates apart.
+
+        Returns:
+            The directory.
+        """
         self._need_started("save_persistables")
         self.comm.flush()
+        held = self.server_held()
         scope = global_scope()
-        arrays = {}
-        for v in program.list_vars():
-            if v.persistable and not v.is_data and v.name not in self.plan.params:
-                value = scope.find_var(v.name)
-                if value is not None:
-                    arrays[v.name] = value
-        for p in self.plan.params.values():
-            if p.kind == DISTRIBUTED:
-                raise ConfigError(
-                    f"saving the distributed table {p.name!r} is done by the servers' checkpoints; "
-                    f"save_persistables on a worker covers dense and is_sparse parameters")
-            if p.kind == DENSE:
-                self.comm.pull_dense([p])
-                arrays[p.name] = scope[p.name]
-            else:
-                arrays[p.name] = self.comm.pull_whole(p)
-        return fio.write_vars(dirname, arrays, {"mode": self.plan.mode})
+        meta = self._manifest_extra("persistables", extra)
+        with fio.VarsWriter(dirname, meta) as writer:
+            for v in program.list_vars():
+                if v.persistable and not v.is_data and v.name not in held:
+                    value = scope.find_var(v.name)
+                    if value is not None:
+                        writer.add(v.name, np.asarray(value))
+            tables = write_server_params(writer, self.comm, self.plan.params.values(),
+                                         with_state=self.plan.mode != "geo")
+            writer.extra["tables"] = tables
+        return writer.dirname
+
+    def load_persistables(self, dirname, program):
+        """Loads this worker's own persistables (metric states; GEO's local optimizer
+        state) from a save; parameters and their optimizer state live on the servers and
+        are loaded by ``fleet.init_server(dirname)``.
+
+        Returns:
+            The names loaded.
+
+        Raises:
+            ConfigError: a needed variable is not in the save. DataError: a damaged file.
+        """
+        held = self.server_held()
+        names = [v.name for v in program.list_vars()
+                 if v.persistable and not v.is_data and v.name not in held]
+        manifest = fio.read_manifest(dirname)
+        missing = [n for n in names if n not in manifest["vars"]]
+        if missing:
+            raise ConfigError(f"{dirname!r} lacks {missing[:5]} of this program; it was saved from a "
+                              f"different model")
+        values = fio.read_vars(dirname, names)
+        _assign(global_scope(), values)
+        return sorted(values)
+
+    def save_inference_model(self, dirname, program, feed_names, fetch_names):
+        """Saves the pruned inference ``program`` with the values it reads: parameters
+        pulled whole from the servers, each distributed table as ``<table>@ids`` /
+        ``<table>@values`` (the program reads it through ``saved_table_prefetch``)."""
+        self._need_started("save_inference_model")
+        self.comm.flush()
+        tables = {p.name: p.width for p in self.plan.distributed_tables()}
+        use_saved_tables(program, tables)
+        names = set(persistable_names(program))
+        scope = global_scope()
+        extra = manifest_extra(feed_names, fetch_names, **self._manifest_extra("inference", None))
+        with fio.VarsWriter(dirname, extra) as writer:
+            writer.add_file(MODEL_FILE, serialize_program(program))
+            params = [p for p in self.plan.params.values()
+                      if p.name in names or p.name + "@ids" in names]
+            write_server_params(writer, self.comm, params, with_state=False)
+            for name in sorted(names):
+                saved_table = name.endswith(("@ids", "@values")) and name.rsplit("@", 1)[0] in tables
+                if name in self.plan.params or saved_table:
+                    continue
+                value = scope.find_var(name)
+                if value is None:
+                    raise ConfigError(f"cannot save the inference model: {name!r} has no value on this "
+                                      f"worker; run the startup program first")
+                writer.add(name, np.asarray(value))
+        return writer.dirname
+
+    def checkpoint_info(self):
+        """{"dirname", "save_id", "step", "epoch"} of the checkpoint every server loaded.
+
+        Raises:
+            ConfigError: servers loaded different checkpoints (names them).
+        """
+        self._need_started("checkpoint_info")
+        infos = self.comm.checkpoint_info()
+        if len({info.get("save_id") for info in infos.values()}) > 1:
+            detail = ", ".join(f"{ep}: {i.get('dirname')}" for ep, i in infos.items())
+            raise ConfigError(f"the servers loaded different checkpoints ({detail}); start every server "
+                              f"with the same fleet.init_server(model_dir)")
+        return next(iter(infos.values()))
+
+    def _manifest_extra(self, kind, extra):
+        config = self.strategy.get_program_config()
+        meta = {"kind": kind, "mode": self.plan.mode, "save_id": uuid.uuid4().hex,
+                "strategy": {"class": type(self.strategy).__name__,
+                             "program_config": config.to_dict() if hasattr(config, "to_dict") else repr(config)},
+                "server_num": len(self.plan.server_endpoints), "worker_num": self.plan.worker_num,
+                "saved_by_worker": self.worker_id}
+        meta.update(extra or {})
+        return meta
+
+
+def _row_bytes(arrays_per_row, row_shape, extra=0):
+    return int(np.prod(row_shape, dtype=np.int64)) * 4 * arrays_per_row + extra
+
+
+def write_server_params(writer, comm, params, with_state=True):
+    """Writes parameters held by the servers into ``writer`` (a ``VarsWriter``), whole,
+    chunk by chunk (never the whole of a large table in memory).
+
+    Dense and is_sparse parameters are written as ``p`` and ``p_<key>_0``; distributed
+    tables as ``t@ids``, ``t@values``, ``t_<key>_0@values`` (see
+    ``fleet.server.checkpoint`` for the layout and the scalar state).
+
+    Args:
+        comm: the worker's Communicator (``pull_param_chunks``, ``pull_shard_chunks``).
+        params: the ParamPlans to write.
+        with_state: also the optimizer state.
+
+    Returns:
+        {table: {"rows": n, "dim": d}} for the distributed tables written.
+    """
+    tables = {}
+    for pplan in params:
+        rule = rule_from_op_attrs(pplan.rule_type, pplan.rule_attrs)
+        row_keys = tuple(rule.row_state_names) if with_state else ()
+        scalar_keys = tuple(k for k in rule.state_names if k not in row_keys) if with_state else ()
+        if pplan.kind == DISTRIBUTED:
+            tables[pplan.name] = _write_table(writer, comm, pplan, row_keys, scalar_keys)
+        else:
+            _write_param(writer, comm, pplan, row_keys, scalar_keys, with_state)
+    return tables
+
+
+def _write_param(writer, comm, pplan, row_keys, scalar_keys, with_state):
+    row_shape = tuple(pplan.shape[1:])
+    names = {"value": pplan.name}
+    names.update({f"state.{k}": state_var(pplan.name, k) for k in row_keys})
+    streams, scalars = {}, {k: [] for k in scalar_keys}
+    last_block = None
+    for block, _, chunk in comm.pull_param_chunks(pplan, _row_bytes(1 + len(row_keys), row_shape), with_state):
+        for key, name in names.items():
+            rows = chunk[key]
+            rows = rows.reshape((rows.shape[0],) + row_shape)
+            if key not in streams:
+                streams[key] = writer.open_stream(name, rows.dtype, row_shape)
+            streams[key].append(rows)
+        if block is not last_block:
+            for key in scalar_keys:
+                scalars[key].append(np.array(chunk[f"state.{key}"]))
+            last_block = block
+    for stream in streams.values():
+        stream.close()
+    for key, values in scalars.items():
+        writer.add(state_var(pplan.name, key), values[0])
+        if len(values) > 1:
+            writer.add(state_var(pplan.name, key) + "@blocks", np.stack(values))
+    if scalar_keys and len(pplan.blocks) > 1:
+        writer.add(pplan.name + "@block_offsets", np.array([b.row_offset for b in pplan.blocks], np.int64))
+
+
+def _write_table(writer, comm, pplan, row_keys, scalar_keys):
+    dim = pplan.width
+    streams = {"ids": writer.open_stream(pplan.name + "@ids", np.int64, ()),
+               "values": writer.open_stream(pplan.name + "@values", np.float32, (dim,))}
+    for key in row_keys:
+        streams[f"state.{key}"] = writer.open_stream(state_var(pplan.name, key) + "@values", np.float32, (dim,))
+    scalars = {k: [] for k in scalar_keys}
+    seen = set()
+    for server, chunk in comm.pull_shard_chunks(pplan, _row_bytes(1 + len(row_keys), (dim,), extra=8)):
+        if server not in seen:
+            seen.add(server)
+            for key in scalar_keys:
+                scalars[key].append(np.array(chunk[f"state.{key}"]))
+        if "ids" not in chunk:
+            continue
+        for key, stream in streams.items():
+            stream.append(chunk[key])
+    for stream in streams.values():
+        stream.close()
+    for key, values in scalars.items():
+        writer.add(state_var(pplan.name, key), values[0])
+        writer.add(state_var(pplan.name, key) + "@shards", np.stack(values))
+    return {"rows": streams["ids"].rows, "dim": dim}
+
+
+def _assign(scope, values):
+    """Puts loaded values into ``scope``, in place where an array of that shape exists."""
+    for name, value in values.items():
+        current = scope.find_var(name)
+        if isinstance(current, np.ndarray) and current.shape == value.shape and current.dtype == value.dtype:
+            current[...] = value
+        else:
+            scope[name] = np.array(value)
 
 
 class ServerRuntime:
@@ -132,12 +322,10 @@ class ServerRuntime:
     def programs(self):
         return self.main, self.startup
 
-    def _initial_values(self, model_dir):
-        """Full initial values of the parameters this server holds blocks of: from the
-        startup program (only the ops that fill them), or from a saved model."""
+    def _initial_values(self):
+        """Full initial values of the parameters this server holds blocks of, from the
+        startup program (only the ops that fill them)."""
         needed = {p.name for p, _ in self.plan.blocks_on(self.endpoint) if p.kind != DISTRIBUTED}
-        if model_dir is not None:
-            return fio.read_vars(model_dir, sorted(needed))
         program = self.startup.clone(for_test=False)
         block = program.global_block()
         block.ops[:] = [op for op in block.ops if set(op.output_arg_names) & needed]
@@ -149,10 +337,26 @@ class ServerRuntime:
         return {n: scope[n] for n in needed}
 
     def init_server(self, model_dir=None):
-        """Creates this server's tables, initialized or loaded from ``model_dir``."""
+        """Creates this server's tables, initialized, or loaded from ``model_dir``: its
+        blocks' rows of every saved parameter and optimizer state, and its share
+        (id % server_num) of each distributed table, whatever the server count was
+        when saved.
+
+        Raises:
+            ConfigError: a variable is missing or has another shape (names it).
+            DataError: a damaged file (names it).
+        """
         dc_asgd = self.strategy.get_program_config().enable_dc_asgd
-        self.server = ParameterServer(self.endpoint, self.plan, self._initial_values(model_dir),
-                                      dc_asgd=dc_asgd)
+        if model_dir is None:
+            self.server = ParameterServer(self.endpoint, self.plan, self._initial_values(), dc_asgd=dc_asgd)
+            return
+        reader = fio.VarsReader(model_dir)
+        server = ParameterServer(self.endpoint, self.plan, initial_values(reader, self.plan, self.endpoint),
+                                 dc_asgd=dc_asgd)
+        server.load(reader)
+        self.server = server
+        log.info("fleet: server %s loaded %s (step %s, epoch %s)", self.endpoint, model_dir,
+                 reader.extra.get("step"), reader.extra.get("epoch"))
 
     def run_server(self):
         """Serves until every worker has stopped. Blocks."""

@@ -217,6 +217,85 @@ class Communicator:
                 rows[...] = value.reshape(rows.shape)
         return out
 
+    # ------------------------------------------------------------------ checkpoints
+    def _message_limit(self):
+        return min((c.max_message_bytes for c in self.clients.values()), default=1 << 30)
+
+    def state_budget(self):
+        """Most bytes of arrays one checkpoint read asks a server for: a quarter of the
+        smallest FLEET_MAX_MESSAGE_BYTES of the clients, at most 64 MiB."""
+        return max(1, min(self._message_limit() // 4, 64 << 20))
+
+    def _check_row_fits(self, pplan, row_bytes):
+        limit = self._message_limit()
+        if row_bytes > limit // 2:
+            raise ConfigError(
+                f"one row of {pplan.name!r} with its optimizer state is {row_bytes} bytes, too large to read "
+                f"within FLEET_MAX_MESSAGE_BYTES={limit}; raise FLEET_MAX_MESSAGE_BYTES on every process")
+
+    def pull_param_chunks(self, pplan, row_bytes, with_state=True, budget=None):
+        """Yields (block, first row, {"value": rows, "state.<key>": ...}) for the rows of a
+        dense or is_sparse parameter, in row order, with its optimizer state (scalar
+        state whole, with each chunk). Blocks of different servers are read in parallel;
+        no answer holds more than ``budget`` bytes of arrays (default ``state_budget()``).
+
+        Args:
+            row_bytes: bytes of one row of the value and its per-row state.
+
+        Blocks until each chunk arrives (bounded by the client timeout).
+        """
+        budget = budget or self.state_budget()
+        self._check_row_fits(pplan, row_bytes)
+        step = max(1, budget // max(int(row_bytes), 1))
+        items = [(b, start, min(start + step, b.rows)) for b in pplan.blocks
+                 for start in range(0, max(b.rows, 1), step)]
+        i = 0
+        while i < len(items):
+            wave, per_ep, size = [], {}, 0
+            while i < len(items) and (not wave or size + (items[i][2] - items[i][1]) * row_bytes <= budget):
+                b, start, stop = items[i]
+                per_ep.setdefault(b.endpoint, []).append(len(wave))
+                wave.append(items[i])
+                size += (stop - start) * row_bytes
+                i += 1
+            requests = {ep: ("pull_state", [], [], {"items": [[wave[k][0].name, wave[k][1], wave[k][2]] for k in ks],
+                                                    "state": bool(with_state)})
+                        for ep, ks in per_ep.items()}
+            replies = self._all(requests)
+            got = {}
+            for ep, ks in per_ep.items():
+                arrays = replies[ep].as_dict()
+                for j, k in enumerate(ks):
+                    prefix = f"{j}/"
+                    got[k] = {name[len(prefix):]: arr for name, arr in arrays.items() if name.startswith(prefix)}
+            for k, (b, start, _) in enumerate(wave):
+                yield b, start, got[k]
+
+    def pull_shard_chunks(self, pplan, row_bytes, budget=None):
+        """Yields (server index, {"ids", "values", "state.<key>": ...}) chunks of every
+        server's share of a distributed table, server by server; each server's first
+        chunk comes even when its share is empty (it carries the scalar state).
+
+        Blocks until each chunk arrives (bounded by the client timeout).
+        """
+        budget = budget or self.state_budget()
+        self._check_row_fits(pplan, row_bytes)
+        rows = max(1, budget // max(int(row_bytes), 1))
+        for index, ep in enumerate(self.endpoints):
+            meta = {"table": pplan.name, "rows": int(rows)}
+            while True:
+                reply = self._all({ep: ("pull_shard", [], [], meta)})[ep]
+                yield index, reply.as_dict()
+                if reply.meta.get("done"):
+                    break
+                meta = {"table": pplan.name, "cursor": reply.meta["cursor"]}
+
+    def checkpoint_info(self):
+        """Returns {endpoint: {"dirname", "save_id", "step", "epoch"}}: the checkpoint each
+        server loaded (values None for a fresh start). Blocks (bounded)."""
+        replies = self._all({ep: ("checkpoint_info", [], [], None) for ep in self.endpoints})
+        return {ep: reply.meta for ep, reply in replies.items()}
+
     def prefetch(self, table, ids, is_test=False):
         """Pulls the rows of ``table`` that ``ids`` name (blocks until they arrive).
 

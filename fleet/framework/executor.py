@@ -185,7 +185,7 @@ class Executor:
     # ---------------------------------------------------------------- datasets
     def train_from_dataset(self, program=None, dataset=None, scope=None, thread=0, debug=False,
                            fetch_list=None, fetch_info=None, print_period=100,
-                           fetch_handler=None):
+                           fetch_handler=None, checkpoint=None):
         """Trains ``program`` on one pass over ``dataset`` with several threads.
 
         Args:
@@ -197,6 +197,9 @@ class Executor:
             fetch_handler: a ``FetchHandler`` called with the latest fetched values every
                 ``period_secs`` seconds from a monitor thread.
             debug: print a timing line per printed batch.
+            checkpoint: a ``fleet.CheckpointConfig``: its ``after_step`` runs after every
+                batch (the first worker checkpoints when due) and its ``after_epoch``
+                once the pass is over.
 
         Returns:
             A dict summary of the pass: examples, batches, seconds, examples_per_sec,
@@ -210,7 +213,8 @@ class Executor:
         Blocks until the pass is over; every wait for data is bounded.
         """
         return self._run_from_dataset(program, dataset, scope, thread, debug, fetch_list,
-                                      fetch_info, print_period, fetch_handler, train=True)
+                                      fetch_info, print_period, fetch_handler, train=True,
+                                      checkpoint=checkpoint)
 
     def infer_from_dataset(self, program=None, dataset=None, scope=None, thread=0, debug=False,
                            fetch_list=None, fetch_info=None, print_period=100,
@@ -220,7 +224,7 @@ class Executor:
                                       fetch_info, print_period, fetch_handler, train=False)
 
     def _run_from_dataset(self, program, dataset, scope, thread, debug, fetch_list, fetch_info,
-                          print_period, fetch_handler, train):
+                          print_period, fetch_handler, train, checkpoint=None):
         from fleet.framework.trainer import DatasetTrainer
 
         if dataset is None:
@@ -245,7 +249,11 @@ class Executor:
         scope = global_scope() if scope is None else scope
         trainer = DatasetTrainer(self, program, dataset, scope, thread, fetch_list, fetch_info,
                                  print_period, fetch_handler, debug)
-        return trainer.run()
+        trainer.checkpoint = checkpoint
+        summary = trainer.run()
+        if checkpoint is not None:
+            checkpoint.after_epoch(self)
+        return summary
 
     def close(self):
         """Releases the executor's buffers (a distributed worker's ``stop_worker`` does the

@@ -9,10 +9,13 @@ executors run it (several threads may run the same program).
 import contextlib
 import copy
 import itertools
+import json
 import threading
 import zlib
 
-from fleet.errors import ConfigError
+import numpy as np
+
+from fleet.errors import ConfigError, DataError
 
 DTYPES = ("float32", "int64", "float64", "int32", "bool")
 
@@ -341,6 +344,68 @@ class Program:
                     del dst.vars[name]
         return new
 
+    def to_dict(self):
+        """Returns the program as plain JSON-able data (``Program.from_dict`` reverses it).
+
+        Variables keep name, shape, dtype, lod level and flags; parameters also their
+        optimizer settings (``trainable``, ``learning_rate``, ``is_sparse``,
+        ``is_distributed``) but not their initializer: a saved program runs with saved
+        values. Ops keep type, inputs, outputs and attributes.
+
+        Raises:
+            ConfigError: an op attribute has a value that cannot be saved (names it).
+        """
+        variables = []
+        for var in self.global_block().vars.values():
+            entry = {"name": var.name, "shape": list(var.shape), "dtype": var.dtype,
+                     "lod_level": var.lod_level, "persistable": var.persistable,
+                     "stop_gradient": var.stop_gradient, "is_data": var.is_data}
+            if isinstance(var, Parameter):
+                entry.update(parameter=True, trainable=var.trainable, learning_rate=var.learning_rate,
+                             is_sparse=var.is_sparse, is_distributed=var.is_distributed)
+            variables.append(entry)
+        ops = [{"type": op.type, "inputs": op.inputs, "outputs": op.outputs,
+                "attrs": {k: _encode_attr(v, op.type, k) for k, v in op.attrs.items()}}
+               for op in self.global_block().ops]
+        return {"format": PROGRAM_FORMAT, "version": PROGRAM_VERSION, "random_seed": self._random_seed,
+                "is_test": self._is_test, "vars": variables, "ops": ops}
+
+    @classmethod
+    def from_dict(cls, data):
+        """Rebuilds a program from ``to_dict``'s data.
+
+        Raises:
+            ConfigError: not a fleet program, or a version this fleet cannot read.
+        """
+        if not isinstance(data, dict) or data.get("format") != PROGRAM_FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ConfigError(f"not a saved fleet program: format {found!r}, expected {PROGRAM_FORMAT!r}")
+        if data.get("version") != PROGRAM_VERSION:
+            raise ConfigError(f"saved program version {data.get('version')!r} is not supported; this fleet "
+                              f"reads version {PROGRAM_VERSION} (save it again with this fleet)")
+        program = cls()
+        program._random_seed = int(data.get("random_seed", 0))
+        program._is_test = bool(data.get("is_test", False))
+        block = program.global_block()
+        for entry in data["vars"]:
+            common = dict(shape=entry["shape"], dtype=entry["dtype"])
+            if entry.get("parameter"):
+                var = Parameter(block, entry["name"], trainable=entry["trainable"],
+                                learning_rate=entry["learning_rate"], is_sparse=entry["is_sparse"],
+                                is_distributed=entry["is_distributed"], **common)
+                var.persistable = bool(entry["persistable"])
+                var.stop_gradient = bool(entry["stop_gradient"])
+            else:
+                var = Variable(block, entry["name"], lod_level=entry["lod_level"],
+                               persistable=entry["persistable"], stop_gradient=entry["stop_gradient"],
+                               is_data=entry["is_data"], **common)
+            block.vars[var.name] = var
+        for entry in data["ops"]:
+            attrs = {k: _decode_attr(v) for k, v in entry["attrs"].items()}
+            block.ops.append(Operator(block, entry["type"], entry["inputs"], entry["outputs"], attrs))
+        program._bump()
+        return program
+
     def to_string(self, throw_on_error=False, with_details=False):
         lines = [f"Program (seed={self._random_seed})"]
         lines += [f"  var {v!r}" for v in self.global_block().vars.values()]
@@ -349,6 +414,67 @@ class Program:
 
     def __str__(self):
         return self.to_string()
+
+
+PROGRAM_FORMAT = "fleet-program"
+PROGRAM_VERSION = 1
+
+
+def _encode_attr(value, op_type, name):
+    """An attribute value as JSON data; tuples, dicts and arrays are tagged to come back alike."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, list):
+        return [_encode_attr(v, op_type, name) for v in value]
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode_attr(v, op_type, name) for v in value]}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"__dict__": {k: _encode_attr(v, op_type, name) for k, v in value.items()}}
+    if isinstance(value, np.ndarray):
+        return {"__array__": value.tolist(), "dtype": value.dtype.name, "shape": list(value.shape)}
+    raise ConfigError(f"op {op_type!r} attribute {name!r} holds a {type(value).__name__} ({value!r}), "
+                      f"which cannot be saved; attributes must be numbers, strings, lists, tuples, "
+                      f"dicts or numpy arrays")
+
+
+def _decode_attr(value):
+    if isinstance(value, list):
+        return [_decode_attr(v) for v in value]
+    if isinstance(value, dict):
+        if "__tuple__" in value:
+            return tuple(_decode_attr(v) for v in value["__tuple__"])
+        if "__dict__" in value:
+            return {k: _decode_attr(v) for k, v in value["__dict__"].items()}
+        if "__array__" in value:
+            return np.array(value["__array__"], dtype=value["dtype"]).reshape(value["shape"])
+    return value
+
+
+def serialize_program(program):
+    """Returns ``program`` as versioned JSON bytes (``deserialize_program`` reverses it).
+
+    Raises:
+        ConfigError: an op attribute cannot be saved.
+    """
+    return json.dumps(program.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+
+
+def deserialize_program(data):
+    """Returns the Program saved by ``serialize_program``.
+
+    Raises:
+        DataError: the bytes are not JSON.
+        ConfigError: not a fleet program, or an unsupported version.
+    """
+    try:
+        decoded = json.loads(bytes(data).decode())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise DataError(f"the saved program is not valid JSON ({e}); the file is damaged") from e
+    return Program.from_dict(decoded)
 
 
 _main_program = Program()

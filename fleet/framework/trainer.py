@@ -72,6 +72,7 @@ class DatasetTrainer:
         self._stop = threading.Event()
         self._t0 = None
         self._bar = None
+        self.checkpoint = None  # a CheckpointConfig: after_step(executor) after every batch
         build = getattr(program, "_build_strategy", None)
         reduce_strategy = getattr(build, "reduce_strategy", None)
         self.dist = getattr(program, "_dist_info", None)
@@ -93,6 +94,8 @@ class DatasetTrainer:
             batches = self._batches
         if self._bar is not None:
             self._bar.update(examples)
+        if self.checkpoint is not None:
+            self.checkpoint.after_step(self.executor)
         if self.print_period and batches % self.print_period == 0:
             values = {label: runner.value(n) for label, n in zip(self.fetch_info, self.fetch_names)}
             self._last_fetch = {k: np.array(getattr(v, "values", v)) for k, v in values.items()

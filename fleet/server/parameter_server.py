@@ -13,15 +13,21 @@ Per mode:
 - GEO: ``geo_push`` adds deltas and answers with the dense blocks and the sparse rows
   changed since this worker's last GEO exchange.
 
+Checkpoints (``fleet.server.checkpoint``): ``pull_state`` answers rows of blocks with
+their optimizer state, ``pull_shard`` reads a distributed table out chunk by chunk, and
+``load`` restores a server's share of a checkpoint saved whole.
+
 Thread-safety: one thread calls ``handle``; tables are locked anyway.
 """
 import logging
+import os
 import time
 
 import numpy as np
 
 from fleet.errors import ConfigError, DataError
 from fleet.optimizer.rules import rule_from_op_attrs
+from fleet.server.checkpoint import ShardCursor, load_server_state
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
 from fleet.transpiler.plan import DISTRIBUTED
@@ -69,6 +75,8 @@ class ParameterServer:
         self._bak = {}  # (worker, block) -> param copy at the worker's last pull (DC-ASGD)
         self.requests = 0
         self.last_seen = {}
+        self._cursors = {}  # (worker, table) -> ShardCursor of a table read out for saving
+        self.loaded = {"dirname": None, "save_id": None, "step": None, "epoch": None}
 
     # ------------------------------------------------------------------ helpers
     def _dense(self, name):
@@ -259,6 +267,65 @@ class ParameterServer:
         out = {name: entry[2].state_dict() for name, entry in self.blocks.items()}
         out.update({name: entry[1].state_dict() for name, entry in self.shards.items()})
         return out
+
+    def load(self, reader):
+        """Loads values and optimizer state of every block and table from a checkpoint
+        (a ``fleet.framework.io.VarsReader``); see ``fleet.server.checkpoint``."""
+        load_server_state(self, reader)
+        extra = reader.extra
+        self.loaded = {"dirname": os.path.abspath(reader.dirname), "save_id": extra.get("save_id"),
+                       "step": extra.get("step"), "epoch": extra.get("epoch")}
+
+    def _op_pull_state(self, req):
+        """Rows of blocks with their optimizer state, for saving: meta ``items`` is a list
+        of [block name, first row, end row]; meta ``state`` false leaves the state out.
+        Array ``"<i>/value"`` and ``"<i>/state.<key>"`` answer item i."""
+        items = req.meta.get("items")
+        if not isinstance(items, list):
+            raise DataError("pull_state needs meta 'items': a list of [block name, first row, end row]")
+        with_state = bool(req.meta.get("state", True))
+        names, arrays = [], []
+        for i, item in enumerate(items):
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in item[1:])):
+                raise DataError(f"pull_state item {item!r} is not [block name, first row, end row]")
+            _, _, table = self._dense(item[0])
+            for key, arr in table.state_rows(item[1], item[2], with_state).items():
+                names.append(f"{i}/{key}")
+                arrays.append(arr)
+        req.reply(names=names, arrays=arrays)
+
+    def _op_pull_shard(self, req):
+        """The next chunk of this server's share of a distributed table, for saving.
+
+        Meta: ``table``, ``rows`` (most rows per chunk) and ``cursor`` (absent to start a
+        read; then the ``cursor`` of the previous answer). The answer holds ``ids``,
+        ``values`` and ``state.<key>`` arrays and meta ``cursor``, ``done``, ``total``.
+        A new read by the same worker of the same table drops an unfinished one.
+        """
+        name = req.meta.get("table")
+        _, table = self._shard(name)
+        key = (req.worker, name)
+        cursor_id = req.meta.get("cursor")
+        if cursor_id is None:
+            rows = req.meta.get("rows")
+            if not isinstance(rows, int) or isinstance(rows, bool):
+                raise DataError(f"pull_shard needs meta 'rows' (an int >= 1); got {rows!r}")
+            self._cursors[key] = ShardCursor(table, rows)
+        cursor = self._cursors.get(key)
+        if cursor is None or (cursor_id is not None and cursor.id != cursor_id):
+            raise DataError(f"no read of table {name!r} by worker {req.worker} is in progress "
+                            f"(cursor {cursor_id!r}); start again without a cursor")
+        chunk, done = cursor.next_chunk()
+        if done:
+            del self._cursors[key]
+        req.reply(names=list(chunk), arrays=list(chunk.values()),
+                  meta={"cursor": cursor.id, "done": done, "total": cursor.limit})
+
+    def _op_checkpoint_info(self, req):
+        """Which checkpoint this server loaded: meta ``dirname``, ``save_id``, ``step``,
+        ``epoch`` (all None when it started fresh)."""
+        req.reply(meta=dict(self.loaded))
 
 
 def _grads(req):

@@ -148,6 +148,37 @@ class DenseTable:
             out.update({f"state.{key}": np.array(arr, copy=True) for key, arr in self._state.items()})
             return out
 
+    def state_rows(self, start, stop, with_state=True):
+        """Returns copies of rows [start, stop) of the value (``value``) and of each
+        per-row optimizer state (``state.<name>``), and whole copies of the scalar state:
+        one chunk of ``state_dict``, so a large block is read in pieces.
+
+        Raises:
+            DataError: the range is not within [0, rows).
+        """
+        start, stop = int(start), int(stop)
+        if not 0 <= start <= stop <= self._rows:
+            raise DataError(f"dense table {self.name!r}: rows [{start}, {stop}) are not within [0, {self._rows})")
+        with self._lock:
+            out = {"value": self._value.reshape(self._rows, -1)[start:stop].reshape(
+                (stop - start,) + self._value.shape[1:]).copy()}
+            if with_state:
+                row_keys = self.row_state_names()
+                for key, arr in self._state.items():
+                    if key in row_keys:
+                        out[f"state.{key}"] = arr[start:stop].copy()
+                    else:
+                        out[f"state.{key}"] = np.array(arr, copy=True)
+            return out
+
+    def row_state_names(self):
+        """The optimizer state entries with one row per row of the block (the others are
+        small scalar arrays, e.g. Adam's beta powers)."""
+        names = getattr(self.rule, "row_state_names", None)
+        if names is None:
+            names = [k for k, arr in self._state.items() if arr.shape == self._value.shape]
+        return tuple(names)
+
     def load_state_dict(self, state):
         """Replaces value and optimizer state with ``state`` (as ``state_dict`` returns).
 

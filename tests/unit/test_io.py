@@ -155,3 +155,106 @@ def test_saving_onto_a_file_is_refused(tmp_path):
 def test_a_save_creates_missing_parent_directories(tmp_path):
     target = fio.write_vars(str(tmp_path / "a" / "b" / "epoch_0"), {"a": np.ones(1, np.float32)})
     assert os.path.isfile(os.path.join(target, fio.MANIFEST))
+
+
+# ------------------------------------------------------------------ streaming and blobs
+def test_arrays_streamed_in_chunks_read_back_like_whole_arrays(tmp_path):
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=(1000, 3, 2)).astype(np.float32)
+    ids = rng.integers(-2**63, 2**63 - 1, 1000, dtype=np.int64)
+    with fio.VarsWriter(str(tmp_path / "m"), {"step": 7}) as w:
+        sv = w.open_stream("t@values", np.float32, (3, 2))
+        si = w.open_stream("t@ids", np.int64)
+        for start in range(0, 1000, 333):
+            sv.append(values[start:start + 333])
+            si.append(ids[start:start + 333])
+        sv.close()
+        si.close()
+        w.add("whole", values)
+        empty = w.open_stream("none@ids", np.int64)
+        empty.close()
+    back = fio.read_vars(str(tmp_path / "m"))
+    np.testing.assert_array_equal(back["t@values"], values)
+    np.testing.assert_array_equal(back["t@ids"], ids)
+    assert back["none@ids"].shape == (0,) and back["none@ids"].dtype == np.int64
+    manifest = fio.read_manifest(str(tmp_path / "m"))
+    # a streamed array's checksum is the one a whole array of the same content gets
+    assert manifest["vars"]["t@values"]["crc32"] == manifest["vars"]["whole"]["crc32"]
+    assert manifest["extra"] == {"step": 7}
+    mapped = fio.read_vars(str(tmp_path / "m"), ["t@values"], mmap=True)["t@values"]
+    assert isinstance(mapped, np.memmap)
+    np.testing.assert_array_equal(mapped[10:20], values[10:20])
+
+
+def test_a_stream_refuses_rows_of_another_dtype_or_shape_naming_it(tmp_path):
+    with pytest.raises(DataError, match=r"stream 't' takes float32\[n, 3\] rows; got float64\[2, 3\]"):
+        with fio.VarsWriter(str(tmp_path / "m")) as w:
+            w.open_stream("t", np.float32, (3,)).append(np.zeros((2, 3)))
+    assert _listing(tmp_path) == []
+
+
+def test_a_save_with_an_unclosed_stream_is_not_committed(tmp_path):
+    with pytest.raises(ConfigError, match=r"streams \['t'\] were not closed before the save ended"):
+        with fio.VarsWriter(str(tmp_path / "m")) as w:
+            w.open_stream("t", np.float32, (3,)).append(np.zeros((2, 3), np.float32))
+    assert _listing(tmp_path) == []
+
+
+def test_a_name_written_twice_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"variable 'a' is written twice in one save"):
+        with fio.VarsWriter(str(tmp_path / "m")) as w:
+            w.add("a", np.ones(2, np.float32))
+            w.open_stream("a", np.float32)
+
+
+def test_blobs_are_saved_verified_and_read_back(tmp_path):
+    target = str(tmp_path / "m")
+    with fio.VarsWriter(target) as w:
+        w.add_file("__model__", b'{"ops": []}')
+        w.add("a", np.ones(2, np.float32))
+    assert fio.read_file(target, "__model__") == b'{"ops": []}'
+    with pytest.raises(ConfigError, match=r"holds no file 'other'; it holds \['__model__'\]"):
+        fio.read_file(target, "other")
+    path = os.path.join(target, fio.read_manifest(target)["files"]["__model__"]["file"])
+    open(path, "wb").write(b'{"ops": [1]}')
+    with pytest.raises(DataError, match=r"does not match its manifest entry for '__model__'"):
+        fio.read_file(target, "__model__")
+
+
+def test_check_files_finds_a_missing_or_truncated_file_without_reading_it(tmp_path):
+    target = fio.write_vars(str(tmp_path / "m"), _arrays())
+    assert fio.check_files(target)["format"] == fio.FORMAT
+    path = _file_of(target, "fc_0.w_0")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-4])
+    with pytest.raises(DataError, match=r"cannot read 'fc_0.w_0' from .* it has \d+ bytes, the manifest says \d+"):
+        fio.check_files(target)
+    os.remove(path)
+    with pytest.raises(DataError, match=r"cannot read 'fc_0.w_0'"):
+        fio.check_files(target)
+
+
+def test_a_vars_reader_maps_each_variable_once_and_names_a_missing_one(tmp_path):
+    target = fio.write_vars(str(tmp_path / "m"), _arrays(), {"step": 3})
+    reader = fio.VarsReader(target)
+    assert reader.extra == {"step": 3} and "fc_0.w_0" in reader and "nope" not in reader
+    assert reader.shape("fc_0.w_0") == (5, 3) and reader.dtype("w_beta1_pow_0") == np.float64
+    first = reader.get("fc_0.w_0")
+    assert reader.get("fc_0.w_0") is first
+    np.testing.assert_array_equal(first, _arrays()["fc_0.w_0"])
+    with pytest.raises(ConfigError, match=r"has no saved value for 'nope'; it holds \["):
+        reader.get("nope")
+
+
+def test_a_killed_stream_save_leaves_only_an_invisible_temporary(tmp_path, monkeypatch):
+    monkeypatch.setattr(fio.shutil, "rmtree", lambda *a, **k: None)  # a killed process cleans nothing
+
+    class Killed(BaseException):
+        pass
+
+    with pytest.raises(Killed):
+        with fio.VarsWriter(str(tmp_path / "ckpt-5")) as w:
+            w.open_stream("t", np.float32, (2,)).append(np.ones((4, 2), np.float32))
+            raise Killed()
+    (leftover,) = _listing(tmp_path)
+    assert leftover.startswith(".ckpt-5.tmp-")

@@ -1,2 +1,2 @@
 """The built-in ops. Importing this package registers them."""
-from fleet.framework.ops import basic, math_ops, nn, metrics, optimize  # noqa: F401
+from fleet.framework.ops import basic, math_ops, nn, metrics, optimize, saved_table  # noqa: F401

@@ -1,0 +1,253 @@
+"""Periodic checkpoints (fleet.CheckpointConfig) and resuming from the latest valid one,
+in local training; the distributed checks of load_checkpoint with a stand-in runtime."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import fleet
+import fleet.base
+import fleet.checkpoint as ckpt
+import fleet.framework as fw
+from fleet import layers, optimizer
+from fleet.errors import ConfigError, DataError
+from fleet.framework import io as fio
+from role_makers import LocalRoleMaker, Role, RoleMakerBase
+
+ROLE_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM",
+             "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT", "PADDLE_TRAINER_ENDPOINTS")
+
+
+@pytest.fixture(autouse=True)
+def fresh_fleet(monkeypatch):
+    monkeypatch.setattr(fleet.base, "fleet", fleet.base.Fleet())
+    for name in ROLE_VARS:
+        monkeypatch.delenv(name, raising=False)
+    fw.reset_default_programs()
+    with fw.scope_guard(fw.Scope()):
+        yield
+    fw.reset_default_programs()
+
+
+def _build(role_maker=None):
+    fleet.init(role_maker or LocalRoleMaker())
+    fleet.default_startup_program().random_seed = 4
+    x = layers.data("x", shape=[3])
+    ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
+    y = layers.data("y", shape=[1], dtype="int64")
+    emb = layers.sequence_pool(layers.embedding(ids, size=[20, 2], is_sparse=True, param_attr="t"), "sum")
+    pred = layers.fc(layers.concat([emb, x], axis=1), 2, act="softmax", param_attr="w", bias_attr="b")
+    loss = layers.mean(layers.cross_entropy(pred, y))
+    fleet.distributed_optimizer(optimizer.Adam(0.05)).minimize(loss)
+    exe = fleet.Executor()
+    exe.run(fleet.startup_program)
+    return exe, loss
+
+
+def _feed(step):
+    rng = np.random.default_rng(step)
+    return {"x": rng.normal(size=(4, 3)).astype(np.float32), "ids": (rng.integers(0, 20, 8), [2, 2, 2, 2]),
+            "y": rng.integers(0, 2, (4, 1))}
+
+
+def _train(exe, loss, cfg, until):
+    for step in range(cfg.global_step, until):
+        exe.run(fleet.main_program, feed=_feed(step), fetch_list=[loss])
+        cfg.after_step(exe)
+
+
+def _state():
+    scope = fleet.global_scope()
+    return {v.name: np.array(scope[v.name]) for v in fleet.main_program.list_vars()
+            if v.persistable and not v.is_data}
+
+
+def _steps(checkpoint_dir):
+    return [step for step, _ in ckpt.list_checkpoints(str(checkpoint_dir))]
+
+
+# ------------------------------------------------------------------ config
+@pytest.mark.parametrize("kwargs, message", [
+    ({"checkpoint_dir": ""}, r"checkpoint_dir='' must be a directory path"),
+    ({"checkpoint_dir": "c", "step_interval": 0}, r"step_interval=0 must be an int >= 1, or None"),
+    ({"checkpoint_dir": "c", "step_interval": 2.5}, r"step_interval=2.5 must be an int >= 1, or None"),
+    ({"checkpoint_dir": "c", "seconds_interval": -1}, r"seconds_interval=-1 must be a number > 0, or None"),
+    ({"checkpoint_dir": "c", "max_num_checkpoints": 0},
+     r"max_num_checkpoints=0 must be an int >= 1 \(the newest valid checkpoint is always kept\)"),
+])
+def test_bad_checkpoint_settings_are_errors_naming_the_value(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        fleet.CheckpointConfig(**kwargs)
+
+
+# ------------------------------------------------------------------ periodic saves
+def test_every_n_steps_a_checkpoint_is_written_and_only_the_newest_k_are_kept(tmp_path):
+    exe, loss = _build()
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=3, max_num_checkpoints=2)
+    written = []
+    for step in range(10):
+        exe.run(fleet.main_program, feed=_feed(step), fetch_list=[loss])
+        path = cfg.after_step(exe)
+        if path:
+            written.append((step + 1, path))
+    assert [s for s, _ in written] == [3, 6, 9]
+    assert written[-1][1] == str(tmp_path / "c" / "ckpt-9")
+    assert _steps(tmp_path / "c") == [6, 9]
+    extra = fio.read_manifest(written[-1][1])["extra"]
+    assert extra["kind"] == "checkpoint" and extra["step"] == 9 and extra["epoch"] == 0 and extra["mode"] == "local"
+    assert cfg.global_step == 10
+
+
+def test_a_seconds_interval_saves_when_that_much_time_passed(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(ckpt.time, "monotonic", lambda: clock[0])
+    exe, loss = _build()
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), seconds_interval=60)
+    assert cfg.after_step(exe) is None
+    clock[0] += 59.0
+    assert cfg.after_step(exe) is None
+    clock[0] += 1.0
+    assert cfg.after_step(exe) == str(tmp_path / "c" / "ckpt-3")
+    clock[0] += 30.0
+    assert cfg.after_step(exe) is None  # the clock restarted at the save
+
+
+def test_only_the_first_worker_writes_checkpoints(tmp_path):
+    class SecondWorker(RoleMakerBase):
+        def generate_role(self):
+            self._role, self._current_id, self._worker_num = Role.WORKER, 1, 2
+            self._server_endpoints = []
+            self._role_is_generated = True
+            self._is_local = True
+
+    exe, loss = _build(SecondWorker())
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=1)
+    assert cfg.after_step(exe) is None and fleet.save_checkpoint(exe, cfg) is None
+    assert cfg.global_step == 1 and not (tmp_path / "c").exists()
+
+
+def test_train_from_dataset_checkpoints_during_the_pass_and_counts_the_epoch(tmp_path):
+    exe, loss = _build()
+    lines = []
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        x = rng.normal(size=3)
+        lines.append(f"3 {x[0]:.4f} {x[1]:.4f} {x[2]:.4f} 2 {rng.integers(0, 20)} {rng.integers(0, 20)} "
+                     f"1 {int(x[0] > 0)}\n")
+    (tmp_path / "data").write_text("".join(lines))
+    block = fleet.main_program.global_block()
+    ds = fleet.DatasetFactory().create_dataset("QueueDataset")
+    ds.set_use_var([block.var("x"), block.var("ids"), block.var("y")])
+    ds.set_batch_size(4)
+    ds.set_thread(1)
+    ds.set_filelist([str(tmp_path / "data")])
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=4, max_num_checkpoints=10)
+    exe.train_from_dataset(fleet.main_program, ds, checkpoint=cfg, print_period=0)
+    assert cfg.global_step == 10 and cfg.epoch == 1
+    assert _steps(tmp_path / "c") == [4, 8]
+    exe.train_from_dataset(fleet.main_program, ds, checkpoint=cfg, print_period=0)
+    assert cfg.epoch == 2 and _steps(tmp_path / "c") == [4, 8, 12, 16, 20]
+    extra = fio.read_manifest(str(tmp_path / "c" / "ckpt-12"))["extra"]
+    assert (extra["step"], extra["epoch"], extra["epoch_step"]) == (12, 1, 2)
+
+
+# ------------------------------------------------------------------ finding the latest
+def test_latest_checkpoint_skips_torn_truncated_and_temporary_directories(tmp_path):
+    exe, loss = _build()
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=2, max_num_checkpoints=5)
+    _train(exe, loss, cfg, 4)
+    base = tmp_path / "c"
+    assert ckpt.latest_checkpoint(str(base)) == str(base / "ckpt-4")
+    (base / "ckpt-6").mkdir()  # a directory with no manifest
+    (base / "ckpt-6" / "w.npy").write_bytes(b"x")
+    shutil.copytree(base / "ckpt-4", base / "ckpt-8")  # a manifest, but a truncated file
+    victim = base / "ckpt-8" / fio.read_manifest(str(base / "ckpt-8"))["vars"]["w"]["file"]
+    victim.write_bytes(victim.read_bytes()[:-2])
+    shutil.copytree(base / "ckpt-4", base / ".ckpt-10.tmp-0badf00d")  # an interrupted save
+    (base / "ckpt-x").mkdir()  # not a checkpoint name
+    assert ckpt.latest_checkpoint(str(base)) == str(base / "ckpt-4")
+    assert ckpt.latest_checkpoint(str(tmp_path / "nowhere")) is None
+    assert ckpt.latest_checkpoint(str(tmp_path)) is None
+    (tmp_path / "damaged" / "ckpt-3").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"holds checkpoints \['ckpt-3'\] but none is complete .* remove them "
+                                        r"to start fresh"):
+        ckpt.latest_checkpoint(str(tmp_path / "damaged"))
+    # the next save prunes the leftovers older than it and the interrupted temporary
+    _train(exe, loss, cfg, 10)
+    assert sorted(os.listdir(base)) == ["ckpt-10", "ckpt-2", "ckpt-4", "ckpt-6", "ckpt-8", "ckpt-x"]
+    assert ckpt.latest_checkpoint(str(base)) == str(base / "ckpt-10")
+    assert all(ckpt.is_valid_checkpoint(str(base / n)) for n in ("ckpt-6", "ckpt-8", "ckpt-10"))
+
+
+def test_pruning_keeps_the_newest_valid_checkpoint_even_when_newer_ones_are_damaged(tmp_path):
+    exe, loss = _build()
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=1, max_num_checkpoints=1)
+    _train(exe, loss, cfg, 2)
+    assert _steps(tmp_path / "c") == [2]
+    (tmp_path / "c" / "ckpt-9").mkdir()  # a damaged checkpoint newer than any valid one
+    ckpt._prune(str(tmp_path / "c"), 1)
+    assert _steps(tmp_path / "c") == [2, 9]
+
+
+# ------------------------------------------------------------------ resuming
+def test_resuming_from_the_latest_checkpoint_continues_exactly_as_without_the_restart(tmp_path):
+    exe, loss = _build()
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=3)
+    _train(exe, loss, cfg, 8)
+    uninterrupted = _state()
+    # a restart: new process state, resumed from ckpt-6, steps 6 and 7 trained again
+    fleet.base.fleet = fleet.base.Fleet()
+    fw.reset_default_programs()
+    with fw.scope_guard(fw.Scope()):
+        exe, loss = _build()
+        cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=3)
+        assert fleet.load_checkpoint(exe, cfg) == str(tmp_path / "c" / "ckpt-6")
+        assert (cfg.global_step, cfg.epoch) == (6, 0)
+        _train(exe, loss, cfg, 8)
+        resumed = _state()
+    assert sorted(resumed) == sorted(uninterrupted)
+    for name, value in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+
+
+def test_a_fresh_start_has_nothing_to_resume(tmp_path):
+    exe, _ = _build()
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"))
+    assert fleet.load_checkpoint(exe, cfg) is None
+    assert (cfg.global_step, cfg.epoch) == (0, 0)
+
+
+class _Runtime:
+    """Stands in for a worker's runtime: what the servers say they loaded."""
+
+    def __init__(self, info):
+        self.info = info
+        self.loaded = []
+
+    def checkpoint_info(self):
+        return self.info
+
+    def load_persistables(self, dirname, program):
+        self.loaded.append(dirname)
+        return []
+
+
+def test_a_distributed_worker_resumes_from_what_the_servers_loaded(tmp_path):
+    exe, loss = _build()
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=2)
+    _train(exe, loss, cfg, 4)
+    save_id = fio.read_manifest(str(tmp_path / "c" / "ckpt-2"))["extra"]["save_id"]
+    runtime = fleet.base.fleet._runtime = _Runtime({"dirname": str(tmp_path / "c" / "ckpt-2"),
+                                                    "save_id": save_id, "step": 2, "epoch": 0})
+    other = fleet.CheckpointConfig(str(tmp_path / "c"))
+    assert fleet.load_checkpoint(exe, other) == str(tmp_path / "c" / "ckpt-2")  # not the newer ckpt-4
+    assert other.global_step == 2 and runtime.loaded == [str(tmp_path / "c" / "ckpt-2")]
+    runtime.info = dict(runtime.info, save_id="another save")
+    with pytest.raises(ConfigError, match=r"ckpt-2 was rewritten after the servers loaded it; restart the job"):
+        fleet.load_checkpoint(exe, other)
+    runtime.info = {"dirname": None, "save_id": None, "step": None, "epoch": None}
+    with pytest.raises(ConfigError, match=r"the servers started fresh but .*ckpt-4 exists; start them with "
+                                          r"fleet.init_server\(fleet.latest_checkpoint\("):
+        fleet.load_checkpoint(exe, other)
+    assert fleet.load_checkpoint(exe, fleet.CheckpointConfig(str(tmp_path / "empty"))) is None
