@@ -696,8 +696,11 @@ class _Job:
     # -- ending ------------------------------------------------------------------------
     def _on_failure(self, first):
         lines = _tail(first.log_path, _TAIL_LINES)
-        _say(f"the root cause: {first.label} {first.describe_exit()}, the first process to "
-             f"fail; last {len(lines)} lines of {first.log_path}:")
+        cause = f"the root cause: {first.label} {first.describe_exit()}, the first process to fail"
+        if lines:
+            _say(f"{cause}; last {len(lines)} lines of {first.log_path}:")
+        else:
+            _say(f"{cause}; its log {first.log_path} is empty")
         for line in lines:
             print(f"    | {line}", file=sys.stderr)
         self._wait_for_the_others(first)
@@ -705,9 +708,12 @@ class _Job:
         later = sorted((ch for ch in self.children if ch is not first and ch.failed()),
                        key=lambda ch: ch.exit_time)
         if later:
-            _say("failed after the root cause (consequences, not the cause): " + "; ".join(
-                f"{ch.label} {ch.describe_exit()} {ch.exit_time - first.exit_time:.1f} s later"
-                + (f" ({ch.error_line()})" if ch.error_line() else "") for ch in later))
+            _say("failed after the root cause (consequences, not the cause):")
+            for ch in later:
+                error = ch.error_line()
+                print(f"    {ch.label} {ch.describe_exit()} "
+                      f"{ch.exit_time - first.exit_time:.1f} s later{f': {error}' if error else ''}",
+                      file=sys.stderr)
         error = first.error_line()
         _say(f"exit {EXIT_PROCESS_FAILED}: {first.label} {first.describe_exit()}"
              f"{f': {error}' if error else ''}; full log: {first.log_path}")

@@ -248,7 +248,7 @@ def test_a_process_killed_by_a_signal_is_named_with_the_signal(fleetrun, job):
     assert r.returncode == 1
     pid = job.pid("server 1")
     assert (f"the root cause: server 1 (pid {pid}) was killed by SIGKILL, the first process "
-            "to fail") in r.stderr
+            "to fail; last 2 lines of log/serverlog.1:") in r.stderr
     assert f"exit 1: server 1 (pid {pid}) was killed by SIGKILL; full log: log/serverlog.1" in r.stderr
 
 
@@ -263,8 +263,8 @@ def test_the_root_cause_is_the_first_to_exit_by_time_not_by_launch_order(fleetru
     worker, server = job.pid("worker 1"), job.pid("server 0")
     assert (f"the root cause: worker 1 (pid {worker}) was killed by SIGKILL, the first process "
             "to fail") in r.stderr
-    assert (f"failed after the root cause (consequences, not the cause): server 0 (pid {server}) "
-            "exited with code 4 0.") in r.stderr
+    assert ("fleetrun: failed after the root cause (consequences, not the cause):\n"
+            f"    server 0 (pid {server}) exited with code 4 0.") in r.stderr
     assert f"exit 1: worker 1 (pid {worker}) was killed by SIGKILL;" in r.stderr
 
 
@@ -279,9 +279,9 @@ def test_after_a_failure_the_others_get_the_grace_to_exit_and_report_by_themselv
     assert ("waiting up to 2 s (--failure_grace) for server 0, worker 1 to exit by themselves"
             in r.stderr)
     assert "stopping the others: worker 1 (SIGTERM" in r.stderr
-    assert (f"failed after the root cause (consequences, not the cause): server 0 (pid {server}) "
-            f"exited with code 1 0.") in r.stderr
-    assert "s later (RuntimeError: worker 0 was lost)" in r.stderr
+    assert ("fleetrun: failed after the root cause (consequences, not the cause):\n"
+            f"    server 0 (pid {server}) exited with code 1 0.") in r.stderr
+    assert "s later: RuntimeError: worker 0 was lost\n" in r.stderr
     assert (f"exit 1: worker 0 (pid {worker}) exited with code 1: RuntimeError: disk on fire; "
             "full log: log/workerlog.0") in r.stderr
     assert 2 <= r.seconds < 12
