@@ -35,6 +35,7 @@ _BATCH = 256  # messages handled per wake-up before checking the reply queue and
 _INBOX_SIZE = 1024  # requests waiting for the handler thread; more wait in ZeroMQ's queues
 _FULL_POLL_MS = 5  # how often a serving thread with a full inbox looks for room
 _HANDLER_JOIN_S = 60.0
+_WARN_EVERY_S = 1.0  # handler failures logged at most this often (all are counted)
 
 
 def parse_endpoint(endpoint):
@@ -128,6 +129,8 @@ class ServerSocket:
         self._close_lock = threading.Lock()
         self._zap_domain = None
         self._last_heard = {}  # worker id -> time.monotonic() of its last valid message
+        self._warn_next = 0.0
+        self._warn_held = 0
         self._heartbeat_meta = {}
         sock = zmq.Context.instance().socket(zmq.ROUTER)
         try:
@@ -354,13 +357,30 @@ class ServerSocket:
         except Exception as e:  # the server keeps serving; the worker sees the message
             self._count("handler_errors")
             text = str(e) if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
-            log.warning("handler for %r (request %d from worker %d) failed: %s", request.op, request.seq,
-                        request.worker, text, exc_info=not isinstance(e, FleetError))
+            suppressed = self._warning_allowed()
+            if suppressed is not None:
+                log.warning("handler for %r (request %d from worker %d) failed: %s%s", request.op, request.seq,
+                            request.worker, text,
+                            f" ({suppressed} more failed since the last report)" if suppressed else "",
+                            exc_info=not isinstance(e, FleetError))
             if not request.answered:
                 request.reply_error(text)
             return
         if not request.answered and not request.deferred:
             request.reply_error(f"the server's handler returned without answering {request.op!r} (a server bug)")
+
+    def _warning_allowed(self):
+        # At most one handler-failure warning per _WARN_EVERY_S: a peer sending bad requests
+        # in a loop must not flood the log. Returns how many were held back, or None to hold
+        # this one back too (stats() counts them all).
+        with self._stats_lock:
+            now = time.monotonic()
+            if now < self._warn_next:
+                self._warn_held += 1
+                return None
+            held, self._warn_held = self._warn_held, 0
+            self._warn_next = now + _WARN_EVERY_S
+            return held
 
     def _answer_internal_error(self, frames, error):
         if len(frames) < 2:
