@@ -212,3 +212,18 @@ def test_heartbeat_settings_are_checked_together(monkeypatch):
     monkeypatch.delenv("FLEET_HEARTBEAT_MS")
     monkeypatch.delenv("FLEET_HEARTBEAT_TIMEOUT_MS")
     assert settings.heartbeat_settings() == (1000, 15000)
+
+
+def test_a_wait_on_a_live_server_ends_when_another_server_of_the_job_dies():
+    # e.g. a barrier on server 0 while server 1 dies: the job cannot go on, so the wait ends
+    with serving() as alive, contextlib.ExitStack() as doomed_stack:
+        doomed = doomed_stack.enter_context(serving())
+        with heartbeat_of(alive.endpoint, doomed.endpoint) as beat, \
+                Client(alive.endpoint, 3, timeout_ms=60_000, liveness=beat) as client:
+            seq = client.send_request("park")
+            threading.Timer(0.2, doomed_stack.close).start()
+            start = time.monotonic()
+            with pytest.raises(ServerLostError) as error:
+                client.recv_reply(seq)
+            assert error.value.endpoint == doomed.endpoint
+            assert time.monotonic() - start < 0.2 + TIMEOUT_MS / 1000 + 2
