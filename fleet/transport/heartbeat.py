@@ -81,7 +81,8 @@ class Heartbeat:
             raise cls(*args)
 
     def start(self):
-        """Starts the heartbeat thread (connects every socket first). Not re-entrant.
+        """Starts the heartbeat thread (connects every socket first); a failure seen by an
+        earlier run is forgotten. Not re-entrant.
 
         Raises:
             ConfigError, TransportError: a socket cannot be made (e.g. CURVE keys missing).
@@ -98,6 +99,7 @@ class Heartbeat:
             raise
         now = time.monotonic()
         self._last_reply = dict.fromkeys(self.endpoints, now)
+        self._error = None
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, args=(socks,), name=f"fleet-heartbeat-{self.worker_id}",
                                         daemon=True)
