@@ -5,9 +5,11 @@ the request clients, so a heartbeat never waits behind a long request). Every
 FLEET_HEARTBEAT_MS it sends each server a "heartbeat"; the servers answer from their
 serving thread and note when they last heard from this worker, which is how a server
 learns that a worker died. A server that has not answered for FLEET_HEARTBEAT_TIMEOUT_MS
-is lost: ``check()`` raises ``ServerLostError`` naming it from then on. A heartbeat reply
-may also carry ``failed`` (a server's account of why the job cannot go on, e.g. a lost
-worker); ``check()`` then raises ``ServerError(endpoint, that text)``.
+is lost: ``check()`` raises ``ServerLostError`` naming it from then on; so is a server
+whose replies come from another process than before (it was restarted at the same
+endpoint and lost what it held). A heartbeat reply may also carry ``failed`` (a server's
+account of why the job cannot go on, e.g. a lost worker); ``check()`` then raises
+``ServerError(endpoint, that text)``.
 
 The first failure seen is the one reported, in every thread that checks. Clients given
 the Heartbeat as ``liveness`` check it while they wait, so every blocked call of the
@@ -61,6 +63,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = None
         self._last_reply = {}
+        self._instances = {}  # endpoint -> the server instance that answered first
 
     @property
     def error(self):
@@ -99,6 +102,7 @@ class Heartbeat:
             raise
         now = time.monotonic()
         self._last_reply = dict.fromkeys(self.endpoints, now)
+        self._instances = {}
         self._error = None
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, args=(socks,), name=f"fleet-heartbeat-{self.worker_id}",
@@ -168,11 +172,24 @@ class Heartbeat:
             except TransportError as e:
                 log.warning("fleet: malformed heartbeat reply from server %s: %s", endpoint, e)
                 continue
+            if not reply.header.get("ok"):
+                log.warning("fleet: server %s refused a heartbeat: %s", endpoint, reply.header.get("error"))
+                continue
+            instance = self._instances.setdefault(endpoint, reply.header.get("instance"))
+            if instance != reply.header.get("instance"):
+                self._fail(ServerLostError(endpoint, (
+                    f"server {endpoint} was restarted: another process answers there now, without what the "
+                    f"job had trained; restart the job from its last checkpoint")))
+                continue
             self._last_reply[endpoint] = time.monotonic()
-            failed = reply.header.get("failed") if reply.header.get("ok") else None
-            if isinstance(failed, str) and self._error is None:
-                self._error = ServerError(endpoint, failed)
-                log.error("fleet: worker %d: %s", self.worker_id, self._error)
+            failed = reply.header.get("failed")
+            if isinstance(failed, str):
+                self._fail(ServerError(endpoint, failed))
+
+    def _fail(self, error):
+        if self._error is None:
+            self._error = error
+            log.error("fleet: worker %d: %s", self.worker_id, error)
 
     def _find_silent(self):
         if self._error is not None:
@@ -181,10 +198,9 @@ class Heartbeat:
         for endpoint, last in self._last_reply.items():
             silence = now - last
             if silence * 1000 > self.timeout_ms:
-                self._error = ServerLostError(endpoint, (
+                self._fail(ServerLostError(endpoint, (
                     f"server {endpoint} stopped answering heartbeats: none for {silence:.1f} s "
                     f"({settings.HEARTBEAT_TIMEOUT_MS_ENV}={self.timeout_ms}); it is dead, stuck or unreachable. "
                     f"Check that it is running and its log (serverlog.N under fleetrun); if it is only slow to "
-                    f"answer, raise {settings.HEARTBEAT_TIMEOUT_MS_ENV} on every process"))
-                log.error("fleet: worker %d: %s", self.worker_id, self._error)
+                    f"answer, raise {settings.HEARTBEAT_TIMEOUT_MS_ENV} on every process")))
                 return

@@ -131,7 +131,10 @@ class ServerSocket:
         self._last_heard = {}  # worker id -> time.monotonic() of its last valid message
         self._warn_next = 0.0
         self._warn_held = 0
-        self._heartbeat_meta = {}
+        # Told to workers in every heartbeat reply: a server process restarted at the same
+        # endpoint answers with another instance, so workers see that its state is gone.
+        self.instance = os.urandom(8).hex()
+        self._heartbeat_meta = {"instance": self.instance}
         sock = zmq.Context.instance().socket(zmq.ROUTER)
         try:
             sock.linger = 0
@@ -291,13 +294,14 @@ class ServerSocket:
         return dict(self._last_heard)
 
     def set_heartbeat_status(self, meta):
-        """Sets the op-specific fields of every later heartbeat reply. Thread-safe.
+        """Sets the op-specific fields of every later heartbeat reply (besides "instance",
+        this socket's random id, always sent). Thread-safe.
 
         Args:
             meta: a dict of msgpack-able values with str keys (not the reserved header
                 keys), e.g. ``{"failed": "worker 1 stopped sending heartbeats ..."}``.
         """
-        self._heartbeat_meta = dict(meta)
+        self._heartbeat_meta = {**meta, "instance": self.instance}
 
     def close(self):
         """Closes the socket (linger 0: queued replies are dropped). Call after serving stopped."""

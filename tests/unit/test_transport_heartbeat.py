@@ -227,3 +227,18 @@ def test_a_wait_on_a_live_server_ends_when_another_server_of_the_job_dies():
                 client.recv_reply(seq)
             assert error.value.endpoint == doomed.endpoint
             assert time.monotonic() - start < 0.2 + TIMEOUT_MS / 1000 + 2
+
+
+def test_a_server_restarted_at_the_same_endpoint_counts_as_lost():
+    first = ServerSocket("127.0.0.1:0")
+    endpoint = first.endpoint
+    with heartbeat_of(endpoint) as beat:
+        with serve_with(first, handler, poll_ms=20):
+            time.sleep(0.2)
+            assert beat.error is None
+        with serve_with(ServerSocket(endpoint), handler, poll_ms=20) as second:
+            wait_for_error(beat, 3)
+            assert second.stats()["heartbeats"] >= 1  # it answered: not silence, another instance
+        assert isinstance(beat.error, ServerLostError) and beat.error.endpoint == endpoint
+        assert str(beat.error) == (f"server {endpoint} was restarted: another process answers there now, "
+                                   f"without what the job had trained; restart the job from its last checkpoint")
