@@ -32,6 +32,22 @@ class FleetTimeoutError(TransportError, TimeoutError):
     """A blocking wait ran out of time; the message names who did not answer."""
 
 
+class ServerLostError(FleetTimeoutError):
+    """A parameter server stopped answering heartbeats: it is dead, stuck or unreachable.
+
+    Args:
+        endpoint: "host:port" of the server that went silent.
+        message: the whole description (names the endpoint, how long and the setting).
+    """
+
+    def __init__(self, endpoint, message):
+        self.endpoint = endpoint
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.endpoint, self.args[0]))
+
+
 class ServerError(FleetError, RuntimeError):
     """A parameter server answered a request with an error.
 

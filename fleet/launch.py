@@ -20,6 +20,7 @@ import dataclasses
 import errno
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -81,9 +82,13 @@ how a job ends:
   by themselves (they do once every worker has called fleet.stop_worker()); any still
   running then are terminated, and fleetrun says so and exits 0.
   When a process exits non-zero or is killed by a signal, fleetrun reports the first one
-  as the root cause (role, index, exit code or signal, the last 20 lines of its log),
-  stops the others (SIGTERM to each process group, SIGKILL after --kill_timeout) and
-  exits 1. Ctrl-C or SIGTERM to fleetrun stops everything it started the same way.
+  (by time of exit) as the root cause: role, index, pid, exit code or signal, the error
+  its log ends with and the last 20 lines of the log. The others then get
+  --failure_grace seconds to exit by themselves (they do once heartbeats tell them a
+  server or worker is gone, so their logs say what they saw); those still running are
+  stopped (SIGTERM to each process group, SIGKILL after --kill_timeout). Failures after
+  the root cause are listed as such, never as the cause. fleetrun exits 1.
+  Ctrl-C or SIGTERM to fleetrun stops everything it started the same way (at once).
   Each process is stopped with its whole process group, so what it started goes too;
   on Linux, if fleetrun itself is killed (even by SIGKILL) its processes get SIGKILL.
 
@@ -117,6 +122,10 @@ class LaunchConfig:
         server_exit_timeout: seconds servers may take to exit after every worker exited 0.
         kill_timeout: seconds between SIGTERM and SIGKILL when stopping a process.
         timeout: seconds the whole job may run, or None for no limit.
+        failure_grace: seconds the other processes may take to exit by themselves after
+            the first failure before they are stopped; 0 stops them at once. None (the
+            default) means FLEET_HEARTBEAT_TIMEOUT_MS plus 5 s, enough for heartbeats to
+            tell every process of the failure.
 
     Raises:
         ConfigError: a value is malformed; the message names it and the fix.
@@ -130,6 +139,7 @@ class LaunchConfig:
     server_exit_timeout: float = 30.0
     kill_timeout: float = 10.0
     timeout: float | None = None
+    failure_grace: float | None = None
 
     def __post_init__(self):
         for name in ("script_args", "server_endpoints", "worker_endpoints"):
@@ -156,11 +166,29 @@ class LaunchConfig:
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} {value!r} (--{name}) must be a positive number "
                                   "of seconds")
+        if self.failure_grace is None:
+            object.__setattr__(self, "failure_grace", default_failure_grace())
+        grace = self.failure_grace
+        if not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
+            raise ConfigError(f"failure_grace {grace!r} (--failure_grace) must be a number of "
+                              "seconds >= 0 (0 stops the other processes at once)")
 
     @property
     def is_local(self) -> bool:
         """True when no servers are configured: one plain process, local training."""
         return not self.server_endpoints
+
+
+def default_failure_grace() -> float:
+    """FLEET_HEARTBEAT_TIMEOUT_MS in seconds plus 5: how long processes need to learn of
+    a failure from heartbeats and exit.
+
+    Raises:
+        ConfigError: the heartbeat variables are malformed (as every process would find).
+    """
+    from fleet.transport.settings import heartbeat_timeout_ms  # imports zmq: only when needed
+
+    return heartbeat_timeout_ms() / 1000.0 + 5.0
 
 
 def parse_endpoint(text: str, what: str) -> tuple[str, int]:
@@ -267,6 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill_timeout", type=float, default=10.0, metavar="SECONDS",
                    help="when stopping a process, how long after SIGTERM to send SIGKILL "
                         "(default: 10)")
+    p.add_argument("--failure_grace", type=float, metavar="SECONDS",
+                   help="after a process fails, how long the others may take to exit by "
+                        "themselves before they are stopped, so their logs say what they saw "
+                        "(default: FLEET_HEARTBEAT_TIMEOUT_MS + 5 s, i.e. 20; 0: at once)")
     p.add_argument("training_script", help="the Python script every process runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER,
                    help="arguments given to the script")
@@ -313,7 +345,8 @@ def _make_config(args, servers, workers):
                         script_args=tuple(args.training_script_args),
                         server_endpoints=servers, worker_endpoints=workers,
                         log_dir=args.log_dir, server_exit_timeout=args.server_exit_timeout,
-                        kill_timeout=args.kill_timeout, timeout=args.timeout)
+                        kill_timeout=args.kill_timeout, timeout=args.timeout,
+                        failure_grace=args.failure_grace)
 
 
 def _split_endpoints(text, option):
@@ -477,23 +510,44 @@ class _SignalCatcher:
 
 
 class _Child:
-    """One started process: its role, index, Popen and log."""
+    """One started process: its role, index, Popen and log.
+
+    A thread per child waits for it, so ``exit_time`` is when it exited (to the
+    millisecond), not when the launcher next looked: the first failure is the first by time.
+    """
 
     def __init__(self, role, index, popen, log_path):
         self.role = role
         self.index = index
         self.popen = popen
         self.log_path = log_path
-        self.exit_order = None       # order in which the launcher saw processes exit
+        self.exit_time = None        # time.monotonic() of its exit, once it exited
         self.stopped_by_us = False   # its exit is the launcher's doing, not a failure
+        self._waiter = threading.Thread(target=self._wait, name=f"fleetrun-wait {self.name}",
+                                        daemon=True)
+        self._waiter.start()
+
+    def _wait(self):
+        self.popen.wait()
+        self.exit_time = time.monotonic()
 
     @property
     def name(self):
         return f"{self.role} {self.index}"
 
     @property
+    def label(self):
+        return f"{self.name} (pid {self.popen.pid})"
+
+    @property
     def returncode(self):
-        return self.popen.returncode
+        """The exit code once the process has exited (negative: killed by that signal), else None."""
+        return self.popen.returncode if self.exit_time is not None else None
+
+    def wait(self, timeout):
+        """Waits up to timeout seconds; True once the process has exited."""
+        self._waiter.join(timeout)
+        return self.exit_time is not None
 
     def failed(self):
         return self.returncode not in (None, 0) and not self.stopped_by_us
@@ -501,14 +555,18 @@ class _Child:
     def describe_exit(self):
         code = self.returncode
         if code is None:
-            return "still running"
+            return "is still running"
         if code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
-                name = "an unknown signal"
-            return f"exit code {code} (killed by signal {-code}, {name})"
-        return f"exit code {code}"
+                name = f"signal {-code}"
+            return f"was killed by {name}"
+        return f"exited with code {code}"
+
+    def error_line(self):
+        """The error the log ends with (a Python exception's last traceback line), or ''."""
+        return _last_error(_tail(self.log_path, _TAIL_LINES))
 
 
 class _LogStreamer(threading.Thread):
@@ -563,7 +621,6 @@ class _Job:
         self.config = config
         self.signals = signals
         self.children = []
-        self._exits_seen = 0
 
     def run(self):
         streamer = None
@@ -615,13 +672,15 @@ class _Job:
         started = time.monotonic()
         servers_deadline = None
         while True:
-            self._poll()
             now = time.monotonic()
             if self.signals.received:
                 return self._on_signal(self.signals.received)
-            failed = sorted((ch for ch in self.children if ch.failed()),
-                            key=lambda ch: ch.exit_order)
-            if failed:
+            if any(ch.failed() for ch in self.children):
+                # Processes that exited at about the same time: let every waiter thread
+                # record its exit, then the earliest is the root cause.
+                time.sleep(2 * _POLL_SECONDS)
+                failed = sorted((ch for ch in self.children if ch.failed()),
+                                key=lambda ch: ch.exit_time)
                 return self._on_failure(failed[0])
             workers = [ch for ch in self.children if ch.role == "worker"]
             if all(ch.returncode == 0 for ch in workers):
@@ -639,31 +698,45 @@ class _Job:
                 return self._on_timeout()
             time.sleep(_POLL_SECONDS)
 
-    def _poll(self):
-        for ch in self.children:
-            if ch.exit_order is None and ch.popen.poll() is not None:
-                ch.exit_order = self._exits_seen
-                self._exits_seen += 1
-
     def _running(self):
-        self._poll()
         return [ch for ch in self.children if ch.returncode is None]
 
     # -- ending ------------------------------------------------------------------------
     def _on_failure(self, first):
         lines = _tail(first.log_path, _TAIL_LINES)
-        _say(f"{first.name} failed first (the root cause): {first.describe_exit()}; "
-             f"last {len(lines)} lines of {first.log_path}:")
+        cause = f"the root cause: {first.label} {first.describe_exit()}, the first process to fail"
+        if lines:
+            _say(f"{cause}; last {len(lines)} lines of {first.log_path}:")
+        else:
+            _say(f"{cause}; its log {first.log_path} is empty")
         for line in lines:
             print(f"    | {line}", file=sys.stderr)
+        self._wait_for_the_others(first)
         self._stop_with_notice("the others")
-        others = [f"{ch.name} {ch.describe_exit()}" for ch in self.children
-                  if ch is not first and ch.failed()]
-        if others:
-            _say("also failed before they were stopped: " + "; ".join(others))
-        _say(f"exit {EXIT_PROCESS_FAILED}: {first.name} failed with "
-             f"{first.describe_exit()}; full log: {first.log_path}")
+        later = sorted((ch for ch in self.children if ch is not first and ch.failed()),
+                       key=lambda ch: ch.exit_time)
+        if later:
+            _say("failed after the root cause (consequences, not the cause):")
+            for ch in later:
+                error = ch.error_line()
+                print(f"    {ch.label} {ch.describe_exit()} "
+                      f"{ch.exit_time - first.exit_time:.1f} s later{f': {error}' if error else ''}",
+                      file=sys.stderr)
+        error = first.error_line()
+        _say(f"exit {EXIT_PROCESS_FAILED}: {first.label} {first.describe_exit()}"
+             f"{f': {error}' if error else ''}; full log: {first.log_path}")
         return EXIT_PROCESS_FAILED
+
+    def _wait_for_the_others(self, first):
+        grace = self.config.failure_grace
+        running = self._running()
+        if not running or grace <= 0:
+            return
+        _say(f"waiting up to {grace:g} s (--failure_grace) for {', '.join(ch.name for ch in running)} "
+             f"to exit by themselves; Ctrl-C stops {'it' if len(running) == 1 else 'them'} now")
+        deadline = first.exit_time + grace
+        while self._running() and time.monotonic() < deadline and not self.signals.received:
+            time.sleep(_POLL_SECONDS)
 
     def _on_servers_lingering(self, servers):
         names = ", ".join(ch.name for ch in servers)
@@ -701,25 +774,22 @@ class _Job:
             ch.stopped_by_us = True
             _signal_group(ch.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.kill_timeout
-        while (any(ch.popen.poll() is None for ch in children)
+        while (any(ch.returncode is None for ch in children)
                and time.monotonic() < deadline and not self.signals.hurry):
             time.sleep(_POLL_SECONDS)
         for ch in children:
-            if ch.popen.poll() is None:
+            if ch.returncode is None:
                 _signal_group(ch.popen.pid, signal.SIGKILL)
         for ch in children:
-            try:
-                ch.popen.wait(_REAP_SECONDS)
-            except subprocess.TimeoutExpired:
-                _say(f"{ch.name} (pid {ch.popen.pid}) did not die {_REAP_SECONDS:g} s after "
-                     "SIGKILL (stuck in the kernel?); it may outlive fleetrun")
-        self._poll()
+            if not ch.wait(_REAP_SECONDS):
+                _say(f"{ch.label} did not die {_REAP_SECONDS:g} s after SIGKILL (stuck in the "
+                     "kernel?); it may outlive fleetrun")
 
     def _kill_leftover_groups(self):
         # A child that exited may have left processes of its group behind (a pipe
         # command, a helper): they must not outlive the job.
         for ch in self.children:
-            if ch.popen.poll() is not None and not _pid_exists(ch.popen.pid):
+            if ch.returncode is not None and not _pid_exists(ch.popen.pid):
                 _signal_group(ch.popen.pid, signal.SIGKILL)
 
 
@@ -756,6 +826,18 @@ def _tail(path, count):
     except OSError as e:
         return [f"(could not read {path}: {e.strerror})"]
     return data.decode("utf-8", "replace").splitlines()[-count:]
+
+
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Timeout)\b(:.*)?$")
+
+
+def _last_error(lines):
+    """The last line that looks like the end of a Python traceback ("pkg.SomeError: text")."""
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line.strip()):
+            text = line.strip()
+            return text if len(text) <= 400 else text[:397] + "..."
+    return ""
 
 
 def _die_with_parent(parent_pid):

@@ -9,6 +9,11 @@ batch), ``send`` (a step's gradients, as the strategy wants them), ``pull_dense`
 
 Thread-safety: ``prefetch``, ``send`` and ``pull_dense`` may be called from several
 training threads; each call takes the client lock of the servers it talks to.
+
+Liveness: given a ``liveness`` object (the worker's heartbeat), every step checks it, so
+once a server is lost or the job failed elsewhere the next ``exe.run`` raises that error,
+also in GEO steps that do not talk to the servers and in async steps whose sends are done
+by a background thread.
 """
 import logging
 import threading
@@ -31,13 +36,16 @@ class Communicator:
         scope: the scope holding this worker's dense parameters.
         flags: the strategy's communicator flags (ints).
         connect: callable endpoint -> client (the transport's Client factory).
+        liveness: an object whose ``check()`` raises once the job cannot go on (the
+            transport's Heartbeat), or None.
     """
 
     mode = None
     requires_thread_barrier = False  # sync / half-async: threads meet each step
 
-    def __init__(self, plan, worker_id, scope, flags, connect):
+    def __init__(self, plan, worker_id, scope, flags, connect, liveness=None):
         self.plan = plan
+        self.liveness = liveness
         self.worker_id = int(worker_id)
         self.scope = scope
         self.flags = dict(flags or {})
@@ -80,6 +88,16 @@ class Communicator:
     def _count(self, key, n=1):
         with self._stats_lock:
             self.stats[key] += n
+
+    def check_alive(self):
+        """Raises the job's failure (a lost server, or a server's report of a lost worker)
+        if there is one. Never blocks.
+
+        Raises:
+            ServerLostError, ServerError: as the liveness object reports.
+        """
+        if self.liveness is not None:
+            self.liveness.check()
 
     # ------------------------------------------------------------------ requests
     def _all(self, per_endpoint):

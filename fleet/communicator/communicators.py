@@ -117,9 +117,15 @@ class AsyncCommunicator(Communicator):
     def _raise_if_failed(self):
         if self._error is not None:
             raise self._error
+        self.check_alive()
 
     def send(self, grads):
-        """Queues copies of the gradients; blocks while a queue is full (back-pressure)."""
+        """Queues copies of the gradients; blocks while a queue is full (back-pressure).
+
+        Raises:
+            the error that stopped the send or recv thread, or the job's failure
+            (``check_alive``), at the next call after it happened.
+        """
         self._raise_if_failed()
         for name, value in grads.items():
             q = self._queues.get(name)
@@ -176,7 +182,7 @@ class AsyncCommunicator(Communicator):
                     with self._cv:
                         self._cv.wait(0.01)
         except BaseException as e:  # noqa: BLE001 - surfaced to the training threads
-            self._error = e
+            self._error = self._error or e
             log.error("fleet: async send thread failed: %s", e)
 
     def _recv_loop(self):
@@ -188,8 +194,9 @@ class AsyncCommunicator(Communicator):
                         continue
                     self._sent_since_recv = 0
                 self.pull_dense()
-        except BaseException as e:  # noqa: BLE001
-            self._error = e
+        except BaseException as e:  # noqa: BLE001 - surfaced to the training threads
+            self._error = self._error or e
+            log.error("fleet: async recv thread failed: %s", e)
 
     def flush(self):
         """Sends everything queued and pulls fresh parameters; blocks until done. The send
@@ -227,7 +234,12 @@ class GeoCommunicator(Communicator):
 
     def geo_step(self, grads):
         """Counts a local step and records the sparse rows it touched; every k steps
-        exchanges deltas with the servers (blocks during the exchange)."""
+        exchanges deltas with the servers (blocks during the exchange).
+
+        Raises:
+            the job's failure (``check_alive``), at the first step after it happened.
+        """
+        self.check_alive()
         with self._lock:
             for name, value in grads.items():
                 if isinstance(value, SparseRows) and len(value.rows):
@@ -294,14 +306,16 @@ class GeoCommunicator(Communicator):
         self._count("sends")
 
 
-def make_communicator(mode, plan, worker_id, scope, flags, connect, update_frequency=100):
-    """Returns the communicator of ``mode`` ("sync", "async", "half_async", "geo")."""
+def make_communicator(mode, plan, worker_id, scope, flags, connect, update_frequency=100, liveness=None):
+    """Returns the communicator of ``mode`` ("sync", "async", "half_async", "geo");
+    ``liveness`` as for ``Communicator``."""
     if mode == "sync":
-        return SyncCommunicator(plan, worker_id, scope, flags, connect)
+        return SyncCommunicator(plan, worker_id, scope, flags, connect, liveness=liveness)
     if mode == "half_async":
-        return HalfAsyncCommunicator(plan, worker_id, scope, flags, connect)
+        return HalfAsyncCommunicator(plan, worker_id, scope, flags, connect, liveness=liveness)
     if mode == "async":
-        return AsyncCommunicator(plan, worker_id, scope, flags, connect)
+        return AsyncCommunicator(plan, worker_id, scope, flags, connect, liveness=liveness)
     if mode == "geo":
-        return GeoCommunicator(plan, worker_id, scope, flags, connect, update_frequency=update_frequency)
+        return GeoCommunicator(plan, worker_id, scope, flags, connect, update_frequency=update_frequency,
+                               liveness=liveness)
     raise TypeError("Training MODE do not supported")

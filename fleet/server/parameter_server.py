@@ -17,7 +17,20 @@ Checkpoints (``fleet.server.checkpoint``): ``pull_state`` answers rows of blocks
 their optimizer state, ``pull_shard`` reads a distributed table out chunk by chunk, and
 ``load`` restores a server's share of a checkpoint saved whole.
 
-Thread-safety: one thread calls ``handle``; tables are locked anyway.
+Liveness (every mode): a worker that stops sending heartbeats without having sent
+``stop`` is lost (``check_liveness`` / ``fail_worker``). fleet has no elastic training, so
+a lost worker fails the job: its share of the data will not be trained. Parked requests
+(sync steps, barriers, exchanges) are answered with an error naming the worker, every
+later request but ``stop`` too, and ``status()`` gives the text heartbeat replies carry,
+so every worker raises it within a heartbeat; the runtime then ends the server with an
+error. A server never waits for a dead worker.
+
+Hostile input: a request from a worker id outside the job, for a block or table this
+server does not hold, or with gradients of the wrong shape is answered with an error
+before anything is applied (a push is applied whole or not at all).
+
+Thread-safety: one thread calls ``handle``, ``check_liveness`` and ``fail_worker``;
+tables are locked anyway.
 """
 import logging
 import os
@@ -25,14 +38,18 @@ import time
 
 import numpy as np
 
-from fleet.errors import ConfigError, DataError
+from fleet.errors import ConfigError, DataError, FleetError
 from fleet.optimizer.rules import rule_from_op_attrs
 from fleet.server.checkpoint import ShardCursor, load_server_state
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
 from fleet.transpiler.plan import DISTRIBUTED
+from fleet.transport.settings import HEARTBEAT_TIMEOUT_MS_ENV
 
 log = logging.getLogger("fleet.server")
+
+# Ops any client may send whatever its worker id (tools and tests read with ids of their own).
+_READ_OPS = frozenset(("pull_dense", "pull_sparse"))
 
 
 class ParameterServer:
@@ -69,6 +86,9 @@ class ParameterServer:
             self.blocks[block.name] = (pplan, block, DenseTable(block.name, value, rule, track_workers=track))
         self.live = set(range(self.workers))
         self.stopped = set()
+        self.lost = {}  # worker -> why it was lost
+        self.failure = None  # why the job cannot go on (the first lost worker), or None
+        self.told = set()  # workers that got an error reply carrying the failure
         self._sync = {}  # worker -> (request, names, arrays)
         self._barrier = {}  # worker -> request
         self._exchange = {}  # worker -> (request, blobs)
@@ -92,8 +112,12 @@ class ParameterServer:
         return entry
 
     def finished(self):
-        """True once every worker has stopped."""
-        return len(self.stopped) >= self.workers
+        """True once every worker has stopped or was lost."""
+        return all(w in self.stopped or w in self.lost for w in range(self.workers))
+
+    def status(self):
+        """The op-specific fields of heartbeat replies: {"failed": text} once the job failed."""
+        return {} if self.failure is None else {"failed": self.failure}
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, req):
@@ -104,6 +128,12 @@ class ParameterServer:
         handler = getattr(self, "_op_" + str(req.op), None)
         if handler is None:
             raise DataError(f"unknown op {req.op!r}")
+        if req.op not in _READ_OPS and not 0 <= req.worker < self.workers:
+            raise DataError(f"worker id {req.worker} is not a worker of this job (ids 0..{self.workers - 1}); "
+                            f"{req.op!r} refused")
+        if self.failure is not None and req.op != "stop":
+            self.told.add(req.worker)
+            raise FleetError(self.failure)
         return handler(req)
 
     def _op_ping(self, req):
@@ -157,9 +187,39 @@ class ParameterServer:
                 grad = grad + grad * grad * (param - bak)
         table.push(grad, pplan.learning_rate)
 
+    def _checked_grads(self, req):
+        """Returns [(name, grad)] of a push once every one fits what this server holds.
+
+        Raises:
+            DataError: an unknown block or table, or a gradient of the wrong shape (names it).
+        """
+        out = []
+        for name, grad in _grads(req):
+            if name in self.shards:
+                _, table = self.shards[name]
+                if not isinstance(grad, tuple):
+                    raise DataError(f"distributed table {name!r} takes sparse rows ({name}@ROWS, {name}@VALUES), "
+                                    f"not a dense array")
+                if grad[1].shape[1] != table.dim:
+                    raise DataError(f"distributed table {name!r} has rows of width {table.dim}; got {grad[1].shape[1]}")
+            else:
+                _, block, table = self._dense(name)
+                if isinstance(grad, tuple):
+                    rows, values = grad
+                    if len(table.shape) != 2 or values.shape[1] != table.shape[1]:
+                        raise DataError(f"block {name!r} of shape {table.shape} cannot take rows of width "
+                                        f"{values.shape[1]}")
+                    if len(rows) and (rows.min() < block.row_offset or rows.max() >= block.row_offset + block.rows):
+                        raise DataError(f"block {name!r} holds rows [{block.row_offset}, "
+                                        f"{block.row_offset + block.rows}); got rows {rows.min()}..{rows.max()}")
+                elif grad.size != int(np.prod(table.shape)):
+                    raise DataError(f"block {name!r} has shape {table.shape}; got a gradient of {grad.size} values")
+            out.append((name, grad))
+        return out
+
     def _op_push(self, req):
         """Async / half-async: apply every gradient now."""
-        for name, grad in _grads(req):
+        for name, grad in self._checked_grads(req):
             self._apply(name, grad, worker=req.worker)
         req.reply()
 
@@ -167,6 +227,9 @@ class ParameterServer:
     def _op_sync_push(self, req):
         if req.worker in self._sync:
             raise DataError(f"worker {req.worker} sent a second sync step before the first completed")
+        for name in req.meta.get("pull", ()):
+            self._dense(name)
+        self._checked_grads(req)
         req.defer()
         self._sync[req.worker] = req
         self._maybe_finish_sync()
@@ -177,6 +240,16 @@ class ParameterServer:
             return
         reqs = [self._sync[w] for w in sorted(waiting)]
         self._sync = {}
+        try:
+            self._finish_sync(reqs)
+        except Exception as e:  # noqa: BLE001 - every parked worker must get an answer
+            log.exception("server %s: the sync step failed", self.endpoint)
+            text = str(e) if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+            for req in reqs:
+                if not req.answered:
+                    req.reply_error(f"the sync step failed on server {self.endpoint}: {text}")
+
+    def _finish_sync(self, reqs):
         n = len(reqs)
         merged = {}
         for req in reqs:
@@ -198,7 +271,9 @@ class ParameterServer:
 
     # ------------------------------------------------------------------ GEO
     def _op_geo_push(self, req):
-        for name, delta in _grads(req):
+        for name in req.meta.get("pull", ()):
+            self._dense(name)
+        for name, delta in self._checked_grads(req):
             if name in self.shards:
                 self.shards[name][1].add(*delta)
             else:
@@ -252,14 +327,59 @@ class ParameterServer:
         self._maybe_release_barrier()
 
     def fail_worker(self, worker, reason):
-        """Marks ``worker`` dead: parked requests get an error naming it (sync never waits
-        for a dead worker)."""
+        """Marks ``worker`` lost, which fails the job: parked requests and every later one
+        but ``stop`` get an error naming it (no step or barrier waits for a dead worker).
+        A worker that stopped or was lost already is left as it is.
+
+        Args:
+            worker: the worker id; reason: why, as a clause ("it stopped sending heartbeats ...").
+        """
+        if worker in self.stopped or worker in self.lost or not 0 <= worker < self.workers:
+            return
+        self.lost[worker] = reason
         self.live.discard(worker)
-        message = f"worker {worker} is gone ({reason}); stopping this step"
+        log.error("server %s: worker %d was lost: %s", self.endpoint, worker, reason)
+        if self.failure is None:
+            self.failure = (f"worker {worker} was lost: {reason}. The job cannot go on without its share of the "
+                            f"data (fleet has no elastic training), so every worker stops; restart the job "
+                            f"from its last checkpoint")
         for parked in (self._sync, self._barrier, self._exchange):
-            for r in list(parked.values()):
-                r.reply_error(message)
+            for w, r in list(parked.items()):
+                if not r.answered:
+                    r.reply_error(self.failure)
+                self.told.add(w)
             parked.clear()
+
+    def check_liveness(self, last_heard, timeout_s, now=None):
+        """Fails every worker not heard from for longer than ``timeout_s`` (see fail_worker).
+
+        A worker never heard from is not timed out: schedulers start processes at
+        different times, and a worker that cannot reach the servers fails by itself
+        (FLEET_CONNECT_TIMEOUT_MS).
+
+        Args:
+            last_heard: {worker id: time.monotonic() of its last message} (the socket's).
+            timeout_s: silence that makes a worker lost (FLEET_HEARTBEAT_TIMEOUT_MS / 1000).
+            now: the current time.monotonic() (default: now).
+        """
+        now = time.monotonic() if now is None else now
+        for worker in range(self.workers):
+            heard = last_heard.get(worker)
+            if heard is None or worker in self.stopped or worker in self.lost:
+                continue
+            silence = now - heard
+            if silence > timeout_s:
+                self.fail_worker(worker, (
+                    f"it stopped sending heartbeats {silence:.1f} s ago ({HEARTBEAT_TIMEOUT_MS_ENV}="
+                    f"{round(timeout_s * 1000)}) without calling fleet.stop_worker(); it is probably dead "
+                    f"(see its log, workerlog.{worker} under fleetrun)"))
+
+    def all_told(self, heard_since):
+        """True once every worker still in the job has been told of the failure: it got an
+        error reply, or the heartbeat reply that carries it (``heard_since`` holds the
+        workers heard from after the failure was published)."""
+        return all(w in self.stopped or w in self.lost or w in self.told or w in heard_since
+                   for w in range(self.workers))
 
     # ------------------------------------------------------------------ save / load
     def state(self):

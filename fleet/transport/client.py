@@ -7,6 +7,11 @@ requests, so one thread can keep several servers busy (``request_all``).
 Threading: a Client is meant for one thread at a time. Its methods take the client's
 lock, so concurrent use is safe but serialized (a thread waiting for a reply holds the
 lock until the reply or the timeout). Use one Client per thread for parallel traffic.
+
+Liveness: a Client given a ``liveness`` object (a ``fleet.transport.Heartbeat``) calls
+its ``check()`` before each request and, while it waits for a reply, at least every
+``liveness.check_ms`` milliseconds, so a wait on a server that died, or on a job that
+failed elsewhere, ends with that error instead of running into the reply timeout.
 """
 import math
 import threading
@@ -35,18 +40,21 @@ class Client:
         curve: a ``CurveConfig`` to authenticate with, or None (CURVE off).
         timeout_ms: default reply timeout (default FLEET_RPC_TIMEOUT_MS).
         max_message_bytes: largest request sent (default FLEET_MAX_MESSAGE_BYTES).
+        liveness: an object with ``check()`` (raises when the job cannot go on) and
+            ``check_ms``, or None.
 
     Raises:
         ConfigError: a bad endpoint or incomplete CURVE keys.
     """
 
-    def __init__(self, endpoint, worker_id, curve=None, timeout_ms=None, max_message_bytes=None):
+    def __init__(self, endpoint, worker_id, curve=None, timeout_ms=None, max_message_bytes=None, liveness=None):
         parse_endpoint(endpoint)
         self.endpoint = endpoint
         self.worker_id = int(worker_id)
         self.curve = curve
         self.timeout_ms = int(timeout_ms or settings.rpc_timeout_ms())
         self.max_message_bytes = max_message_bytes or settings.max_message_bytes()
+        self.liveness = liveness
         self._lock = threading.RLock()
         self._seq = 0
         self._pending = {}  # seq -> op, for requests whose reply is still wanted
@@ -72,6 +80,7 @@ class Client:
         Raises:
             ServerError: the server answered with an error (endpoint and its message).
             FleetTimeoutError: no reply in time (names the endpoint, the op and the limit).
+            ServerLostError: (with liveness) a server of the job stopped answering heartbeats.
             TransportError: invalid arguments or a malformed reply.
         """
         with self._lock:
@@ -87,9 +96,12 @@ class Client:
         Raises:
             FleetTimeoutError: the send queue stayed full (the server is not reading).
             TransportError: invalid arguments, or the client is closed.
+            ServerError, ServerLostError: (with liveness) the job has failed already.
         """
         with self._lock:
             self._check_open()
+            if self.liveness is not None:
+                self.liveness.check()
             seq = self._seq + 1
             frames = message.encode(op, seq, self.worker_id, names, arrays, meta,
                                     max_bytes=self.max_message_bytes)
@@ -124,7 +136,11 @@ class Client:
             deadline = time.monotonic() + timeout / 1000.0
             while seq not in self._arrived:
                 remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-                if not self._sock.poll(remaining_ms, zmq.POLLIN):  # poll(0) still sees a queued reply
+                if self.liveness is not None and remaining_ms > self.liveness.check_ms:
+                    if not self._sock.poll(self.liveness.check_ms, zmq.POLLIN):
+                        self._check_liveness(seq)
+                        continue
+                elif not self._sock.poll(remaining_ms, zmq.POLLIN):  # poll(0) still sees a queued reply
                     del self._pending[seq]
                     self._reset_if_idle()
                     raise FleetTimeoutError(self._timeout_message(op, seq, timeout))
@@ -170,17 +186,7 @@ class Client:
     # ------------------------------------------------------------------------ private
 
     def _connect(self):
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        try:
-            sock.linger = 0
-            sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + message.MAX_HEADER_BYTES)
-            if self.curve is not None:
-                self.curve.apply_client(sock)
-            sock.connect(f"tcp://{self.endpoint}")
-        except BaseException:
-            sock.close(linger=0)
-            raise
-        self._sock = sock
+        self._sock = connect_dealer(self.endpoint, self.curve, self.max_message_bytes)
 
     def _receive_one(self):
         frames = self._sock.recv_multipart(copy=False)
@@ -193,6 +199,13 @@ class Client:
             self._arrived[seq] = reply
         else:
             self.stale_replies += 1
+
+    def _check_liveness(self, seq):
+        try:
+            self.liveness.check()
+        except BaseException:
+            self._pending.pop(seq, None)  # a reply that still comes is dropped as stale
+            raise
 
     def _reset_if_idle(self):
         # After a timeout with nothing else in flight, start over on a fresh socket so an
@@ -221,6 +234,25 @@ class Client:
     def _check_open(self):
         if self._sock is None:
             raise TransportError(f"the client of {self.endpoint} is closed")
+
+
+def connect_dealer(endpoint, curve, max_message_bytes):
+    """Returns a new DEALER socket connected (in the background) to ``endpoint``.
+
+    Linger 0; frames over ``max_message_bytes`` plus the header limit are cut off by
+    ZeroMQ; CURVE applied when ``curve`` is a CurveConfig.
+    """
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        sock.linger = 0
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + message.MAX_HEADER_BYTES)
+        if curve is not None:
+            curve.apply_client(sock)
+        sock.connect(f"tcp://{endpoint}")
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return sock
 
 
 def request_all(requests, timeout_ms=None):

@@ -5,13 +5,21 @@ Threading: ZeroMQ sockets are not thread-safe, so only the thread running ``serv
 ``request.defer()`` and answer later from any thread (a sync barrier answers every
 waiting worker when the last one arrives): such a reply is queued and the serving thread
 is woken through a pipe it polls next to the socket, then sends it.
+
+Liveness: the serving thread itself answers "ping" and "heartbeat" and records when it
+last heard from each worker id (``last_heard``). With ``serve(..., threaded=True)`` the
+handler runs in a thread of its own, so a handler that takes long (a checkpoint of a big
+table, a first-call compilation) does not keep heartbeats waiting: workers only see a
+server as dead when its process is.
 """
 import collections
 import contextlib
 import errno
 import logging
 import os
+import queue
 import threading
+import time
 
 import zmq
 
@@ -22,7 +30,12 @@ from fleet.transport.curve import zap_registry
 log = logging.getLogger("fleet.transport")
 
 PING_OP = "ping"
+HEARTBEAT_OP = "heartbeat"
 _BATCH = 256  # messages handled per wake-up before checking the reply queue and the stop flag
+_INBOX_SIZE = 1024  # requests waiting for the handler thread; more wait in ZeroMQ's queues
+_FULL_POLL_MS = 5  # how often a serving thread with a full inbox looks for room
+_HANDLER_JOIN_S = 60.0
+_WARN_EVERY_S = 1.0  # handler failures logged at most this often (all are counted)
 
 
 def parse_endpoint(endpoint):
@@ -115,6 +128,13 @@ class ServerSocket:
         self._closed = False
         self._close_lock = threading.Lock()
         self._zap_domain = None
+        self._last_heard = {}  # worker id -> time.monotonic() of its last valid message
+        self._warn_next = 0.0
+        self._warn_held = 0
+        # Told to workers in every heartbeat reply: a server process restarted at the same
+        # endpoint answers with another instance, so workers see that its state is gone.
+        self.instance = os.urandom(8).hex()
+        self._heartbeat_meta = {"instance": self.instance}
         sock = zmq.Context.instance().socket(zmq.ROUTER)
         try:
             sock.linger = 0
@@ -141,21 +161,80 @@ class ServerSocket:
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
 
-    def serve(self, handler, stop_event, poll_ms=100):
+    def serve(self, handler, stop_event, poll_ms=100, tick=None, threaded=False):
         """Serves requests until ``stop_event`` (a threading.Event) is set. Blocks.
 
         Each request is decoded and passed to ``handler(request)``, which answers it with
         ``request.reply`` / ``reply_error`` or defers it (``request.defer()``). A handler
         exception becomes an error reply carrying its message; a malformed message is
-        answered with an error and counted; "ping" is answered here. Nothing a peer sends
-        stops the loop.
+        answered with an error and counted; "ping" and "heartbeat" are answered here.
+        Nothing a peer sends stops the loop.
 
         Args:
             handler: callable(Request).
             stop_event: checked at least every ``poll_ms`` milliseconds.
+            tick: callable() run about every ``poll_ms`` milliseconds in the thread that
+                runs ``handler`` (never at the same time as it), e.g. to check liveness.
+            threaded: run ``handler`` and ``tick`` in one thread of their own, fed by a
+                bounded queue, while this thread only moves messages and answers pings
+                and heartbeats; replies then always go through the reply queue.
+
+        Raises:
+            Exception: whatever ``tick`` raised (serving stops and ``stop_event`` is set).
+            FleetTimeoutError: (threaded) the handler thread did not stop within 60 s of
+                ``stop_event`` (a handler that blocks).
         """
-        while not stop_event.is_set():
-            self.serve_once(handler, poll_ms)
+        if not threaded:
+            while not stop_event.is_set():
+                self.serve_once(handler, poll_ms)
+                if tick is not None:
+                    tick()
+            return
+        inbox = queue.Queue(_INBOX_SIZE)
+        failure = []
+        thread = threading.Thread(target=self._run_handler, args=(handler, inbox, stop_event, tick, poll_ms, failure),
+                                  name=f"fleet-handle-{self.port}", daemon=True)
+
+        def has_room():
+            return not inbox.full()
+
+        thread.start()
+        try:
+            while not stop_event.is_set():  # only this thread puts, so room seen is room kept
+                self._serve_once(inbox.put_nowait, poll_ms, has_room)
+        finally:
+            stop_event.set()
+            thread.join(_HANDLER_JOIN_S)
+        if thread.is_alive():
+            raise FleetTimeoutError(
+                f"the handler thread of {self.endpoint} did not stop within {_HANDLER_JOIN_S:g} s of being "
+                f"asked to: a handler is blocking (handlers must answer or defer, never wait)")
+        if failure:
+            raise failure[0]
+
+    def _run_handler(self, handler, inbox, stop_event, tick, poll_ms, failure):
+        period = poll_ms / 1000.0
+        next_tick = time.monotonic()
+        try:
+            while not stop_event.is_set():
+                try:
+                    request = inbox.get(timeout=period)
+                except queue.Empty:
+                    request = None
+                if request is not None:
+                    try:
+                        self.dispatch(handler, request)
+                    except Exception as e:  # a bug here must not stop the server; logged, counted, answered
+                        self._count("internal_errors")
+                        log.exception("unexpected error while handling %r on %s", request.op, self.endpoint)
+                        if not request.answered:
+                            request.reply_error(f"internal server error ({type(e).__name__}: {e})")
+                if tick is not None and time.monotonic() >= next_tick:
+                    tick()
+                    next_tick = time.monotonic() + period
+        except BaseException as e:  # noqa: BLE001 - re-raised by serve() in the serving thread
+            failure.append(e)
+            stop_event.set()
 
     def serve_once(self, handler, timeout_ms):
         """Waits up to ``timeout_ms`` for requests or queued replies and handles what is ready.
@@ -163,21 +242,30 @@ class ServerSocket:
         Returns:
             the number of requests handled.
         """
+        return self._serve_once(lambda request: self.dispatch(handler, request), timeout_ms)
+
+    def _serve_once(self, take, timeout_ms, accepting=None):
+        # take(request) gets every decoded request but pings and heartbeats; while
+        # accepting() is False nothing is read (requests wait in ZeroMQ's queue).
         self._check_open()
         self._serving = threading.get_ident()
         try:
-            ready = dict(self._poller.poll(timeout_ms))
+            if accepting is not None and not accepting():
+                ready = dict(self._poller.poll(min(timeout_ms, _FULL_POLL_MS)))
+                ready.pop(self._sock, None)
+            else:
+                ready = dict(self._poller.poll(timeout_ms))
             if self._wake_r in ready:
                 self._drain_wake()
             self._flush()
             handled = 0
-            while self._sock in ready and handled < _BATCH:
+            while self._sock in ready and handled < _BATCH and (accepting is None or accepting()):
                 try:
                     frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
                 try:
-                    self._handle(handler, frames)
+                    self._handle(take, frames)
                 except Exception as e:  # a bug here must not stop the server; logged, counted, answered
                     self._count("internal_errors")
                     log.exception("unexpected error while handling a message on %s", self.endpoint)
@@ -190,12 +278,30 @@ class ServerSocket:
 
     def stats(self):
         """Returns a dict of counters: received, replies, error_replies, malformed, dropped,
-        handler_errors, pings, deferred, send_failures, internal_errors. Thread-safe (a snapshot)."""
+        handler_errors, pings, heartbeats, deferred, send_failures, internal_errors.
+        Thread-safe (a snapshot)."""
         keys = ("received", "replies", "error_replies", "malformed", "dropped", "handler_errors",
-                "pings", "deferred", "send_failures", "internal_errors")
+                "pings", "heartbeats", "deferred", "send_failures", "internal_errors")
         with self._stats_lock:
             snapshot = dict(self._stats)
         return {k: snapshot.get(k, 0) for k in keys}
+
+    def last_heard(self):
+        """Returns {worker id: time.monotonic() of its last valid message} (ids >= 0 only).
+
+        Every valid request counts, heartbeats included. Thread-safe (a snapshot).
+        """
+        return dict(self._last_heard)
+
+    def set_heartbeat_status(self, meta):
+        """Sets the op-specific fields of every later heartbeat reply (besides "instance",
+        this socket's random id, always sent). Thread-safe.
+
+        Args:
+            meta: a dict of msgpack-able values with str keys (not the reserved header
+                keys), e.g. ``{"failed": "worker 1 stopped sending heartbeats ..."}``.
+        """
+        self._heartbeat_meta = {**meta, "instance": self.instance}
 
     def close(self):
         """Closes the socket (linger 0: queued replies are dropped). Call after serving stopped."""
@@ -218,7 +324,7 @@ class ServerSocket:
 
     # ---------------------------------------------------------------------- private
 
-    def _handle(self, handler, frames):
+    def _handle(self, take, frames):
         self._count("received")
         if len(frames) < 2:
             self._count("dropped")
@@ -234,22 +340,51 @@ class ServerSocket:
             self._post(identity, message.encode(op, seq, worker, ok=False, error=f"malformed message: {e}"))
             return
         request = Request(self, identity, request.header, request.arrays)
+        if request.worker >= 0:
+            self._last_heard[request.worker] = time.monotonic()
         if request.op == PING_OP:
             self._count("pings")
             request.reply(meta={"endpoint": self.endpoint})
             return
+        if request.op == HEARTBEAT_OP:
+            self._count("heartbeats")
+            request.reply(meta=self._heartbeat_meta)
+            return
+        take(request)
+
+    def dispatch(self, handler, request):
+        """Runs ``handler(request)`` as ``serve`` does: an exception becomes an error reply
+        (counted as a handler error), and a request neither answered nor deferred is
+        answered with an error. Thread-safe for distinct requests."""
         try:
             handler(request)
         except Exception as e:  # the server keeps serving; the worker sees the message
             self._count("handler_errors")
             text = str(e) if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
-            log.warning("handler for %r (request %d from worker %d) failed: %s", request.op, request.seq,
-                        request.worker, text, exc_info=not isinstance(e, FleetError))
+            suppressed = self._warning_allowed()
+            if suppressed is not None:
+                log.warning("handler for %r (request %d from worker %d) failed: %s%s", request.op, request.seq,
+                            request.worker, text,
+                            f" ({suppressed} more failed since the last report)" if suppressed else "",
+                            exc_info=not isinstance(e, FleetError))
             if not request.answered:
                 request.reply_error(text)
             return
         if not request.answered and not request.deferred:
             request.reply_error(f"the server's handler returned without answering {request.op!r} (a server bug)")
+
+    def _warning_allowed(self):
+        # At most one handler-failure warning per _WARN_EVERY_S: a peer sending bad requests
+        # in a loop must not flood the log. Returns how many were held back, or None to hold
+        # this one back too (stats() counts them all).
+        with self._stats_lock:
+            now = time.monotonic()
+            if now < self._warn_next:
+                self._warn_held += 1
+                return None
+            held, self._warn_held = self._warn_held, 0
+            self._warn_next = now + _WARN_EVERY_S
+            return held
 
     def _answer_internal_error(self, frames, error):
         if len(frames) < 2:
@@ -328,18 +463,18 @@ def _bind_error(host, port, error):
 
 
 @contextlib.contextmanager
-def serving(server, handler, poll_ms=50, join_timeout=5.0):
+def serving(server, handler, poll_ms=50, join_timeout=5.0, tick=None, threaded=False):
     """Serves ``server`` with ``handler`` in a daemon thread for the ``with`` block.
 
     On exit the loop is stopped, its thread joined and the socket closed, whatever the
-    block raised. Yields the server.
+    block raised. Yields the server. ``tick`` and ``threaded`` are as for ``serve``.
 
     Raises:
         FleetTimeoutError: the serving thread did not stop within ``join_timeout`` seconds
             (a handler that blocks); the socket is closed anyway.
     """
     stop = threading.Event()
-    thread = threading.Thread(target=server.serve, args=(handler, stop, poll_ms),
+    thread = threading.Thread(target=server.serve, args=(handler, stop, poll_ms, tick, threaded),
                               name=f"fleet-serve-{server.port}", daemon=True)
     thread.start()
     try:

@@ -10,10 +10,14 @@ from fleet.errors import ConfigError
 RPC_TIMEOUT_MS_ENV = "FLEET_RPC_TIMEOUT_MS"
 CONNECT_TIMEOUT_MS_ENV = "FLEET_CONNECT_TIMEOUT_MS"
 MAX_MESSAGE_BYTES_ENV = "FLEET_MAX_MESSAGE_BYTES"
+HEARTBEAT_MS_ENV = "FLEET_HEARTBEAT_MS"
+HEARTBEAT_TIMEOUT_MS_ENV = "FLEET_HEARTBEAT_TIMEOUT_MS"
 
 DEFAULT_RPC_TIMEOUT_MS = 60_000
 DEFAULT_CONNECT_TIMEOUT_MS = 60_000
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+DEFAULT_HEARTBEAT_MS = 1_000
+DEFAULT_HEARTBEAT_TIMEOUT_MS = 15_000
 
 
 def rpc_timeout_ms():
@@ -29,6 +33,33 @@ def connect_timeout_ms():
 def max_message_bytes():
     """Largest message (header + arrays) sent or accepted: FLEET_MAX_MESSAGE_BYTES (1 GiB)."""
     return _positive_int(MAX_MESSAGE_BYTES_ENV, DEFAULT_MAX_MESSAGE_BYTES)
+
+
+def heartbeat_ms():
+    """How often a worker pings each server: FLEET_HEARTBEAT_MS (1000)."""
+    return heartbeat_settings()[0]
+
+
+def heartbeat_timeout_ms():
+    """Silence after which a peer counts as dead: FLEET_HEARTBEAT_TIMEOUT_MS (15000)."""
+    return heartbeat_settings()[1]
+
+
+def heartbeat_settings():
+    """Returns (interval_ms, timeout_ms) of the heartbeats, checked together.
+
+    Raises:
+        ConfigError: a value is not a positive integer, or the timeout is shorter than
+            two intervals (one late heartbeat would then count as a dead peer).
+    """
+    interval = _positive_int(HEARTBEAT_MS_ENV, DEFAULT_HEARTBEAT_MS)
+    timeout = _positive_int(HEARTBEAT_TIMEOUT_MS_ENV, DEFAULT_HEARTBEAT_TIMEOUT_MS)
+    if timeout < 2 * interval:
+        raise ConfigError(
+            f"{HEARTBEAT_TIMEOUT_MS_ENV}={timeout} is shorter than two heartbeats of {HEARTBEAT_MS_ENV}={interval}: "
+            f"one late heartbeat would count as a dead peer; make the timeout at least {2 * interval} "
+            f"(the defaults are {DEFAULT_HEARTBEAT_MS} and {DEFAULT_HEARTBEAT_TIMEOUT_MS})")
+    return interval, timeout
 
 
 def _positive_int(name, default):

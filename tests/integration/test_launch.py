@@ -68,6 +68,10 @@ BEHAVE = textwrap.dedent('''\
             os.kill(os.getpid(), getattr(signal, arg))
         elif action == "exit":
             sys.exit(arg)
+        elif action == "touch":
+            record(arg, "")
+        elif action == "raise":
+            raise RuntimeError(arg)
 ''')
 
 FOREVER = ["sleep", 600]
@@ -221,14 +225,16 @@ def test_a_failing_worker_is_the_root_cause_and_every_other_process_is_stopped(
     spec = {"server": [["grandchild", None], FOREVER],
             "worker 0": [FOREVER],
             "worker 1": [["wait_started", 4], ["lines", 30], ["exit", 3]]}
-    r = fleetrun("--server_num", 2, "--worker_num", 2, *job.args(spec))
+    r = fleetrun("--server_num", 2, "--worker_num", 2, "--failure_grace", 0, *job.args(spec))
     assert r.returncode == 1
-    assert ("worker 1 failed first (the root cause): exit code 3; "
-            "last 20 lines of log/workerlog.1:") in r.stderr
+    pid = job.pid("worker 1")
+    assert (f"the root cause: worker 1 (pid {pid}) exited with code 3, the first process to "
+            "fail; last 20 lines of log/workerlog.1:") in r.stderr
     assert "    | line 29 of worker 1\n" in r.stderr and "line 10 of worker 1" in r.stderr
     assert "line 9 of worker 1" not in r.stderr
     assert "stopping the others: server 0, server 1, worker 0" in r.stderr
-    assert "exit 1: worker 1 failed with exit code 3; full log: log/workerlog.1" in r.stderr
+    assert f"exit 1: worker 1 (pid {pid}) exited with code 3; full log: log/workerlog.1" in r.stderr
+    assert "after the root cause" not in r.stderr  # the others were stopped, they did not fail
     assert r.seconds < 10, "SIGTERM should have stopped the sleepers at once"
     pids = job.pids()
     assert len(pids) == 6  # 4 processes and the 2 servers' grandchildren
@@ -238,19 +244,56 @@ def test_a_failing_worker_is_the_root_cause_and_every_other_process_is_stopped(
 def test_a_process_killed_by_a_signal_is_named_with_the_signal(fleetrun, job):
     spec = {"server 1": [["wait_started", 3], ["kill", "SIGKILL"]],
             "server 0": [FOREVER], "worker": [FOREVER]}
-    r = fleetrun("--server_num", 2, "--worker_num", 1, *job.args(spec))
+    r = fleetrun("--server_num", 2, "--worker_num", 1, "--failure_grace", 0, *job.args(spec))
     assert r.returncode == 1
-    assert ("server 1 failed first (the root cause): exit code -9 "
-            "(killed by signal 9, SIGKILL)") in r.stderr
+    pid = job.pid("server 1")
+    assert (f"the root cause: server 1 (pid {pid}) was killed by SIGKILL, the first process "
+            "to fail; last 2 lines of log/serverlog.1:") in r.stderr
+    assert f"exit 1: server 1 (pid {pid}) was killed by SIGKILL; full log: log/serverlog.1" in r.stderr
+
+
+def test_the_root_cause_is_the_first_to_exit_by_time_not_by_launch_order(fleetrun, job):
+    # server 0 exits a few ms after worker 1 dies: both are seen in the same look, and the
+    # server comes first in launch order, yet the worker died first.
+    spec = {"worker 1": [["wait_started", 3], ["touch", "dying"], ["kill", "SIGKILL"]],
+            "server 0": [["wait_file", "dying"], ["sleep", 0.03], ["exit", 4]],
+            "worker 0": [FOREVER]}
+    r = fleetrun("--server_num", 1, "--worker_num", 2, "--failure_grace", 0, *job.args(spec))
+    assert r.returncode == 1
+    worker, server = job.pid("worker 1"), job.pid("server 0")
+    assert (f"the root cause: worker 1 (pid {worker}) was killed by SIGKILL, the first process "
+            "to fail") in r.stderr
+    assert ("fleetrun: failed after the root cause (consequences, not the cause):\n"
+            f"    server 0 (pid {server}) exited with code 4 0.") in r.stderr
+    assert f"exit 1: worker 1 (pid {worker}) was killed by SIGKILL;" in r.stderr
+
+
+def test_after_a_failure_the_others_get_the_grace_to_exit_and_report_by_themselves(fleetrun,
+                                                                                    job):
+    spec = {"worker 0": [["wait_started", 3], ["touch", "dying"], ["raise", "disk on fire"]],
+            "server": [["wait_file", "dying"], ["sleep", 0.5], ["raise", "worker 0 was lost"]],
+            "worker 1": [FOREVER]}
+    r = fleetrun("--server_num", 1, "--worker_num", 2, "--failure_grace", 2, *job.args(spec))
+    assert r.returncode == 1
+    worker, server = job.pid("worker 0"), job.pid("server 0")
+    assert ("waiting up to 2 s (--failure_grace) for server 0, worker 1 to exit by themselves"
+            in r.stderr)
+    assert "stopping the others: worker 1 (SIGTERM" in r.stderr
+    assert ("fleetrun: failed after the root cause (consequences, not the cause):\n"
+            f"    server 0 (pid {server}) exited with code 1 0.") in r.stderr
+    assert "s later: RuntimeError: worker 0 was lost\n" in r.stderr
+    assert (f"exit 1: worker 0 (pid {worker}) exited with code 1: RuntimeError: disk on fire; "
+            "full log: log/workerlog.0") in r.stderr
+    assert 2 <= r.seconds < 12
 
 
 def test_a_process_that_ignores_sigterm_is_killed_after_kill_timeout(fleetrun, job, pid_alive):
     spec = {"server": [FOREVER], "worker 0": [["ignore_sigterm", None], FOREVER],
             "worker 1": [["wait_started", 3], ["exit", 5]]}
     r = fleetrun("--server_num", 1, "--worker_num", 2, "--kill_timeout", 0.5,
-                 *job.args(spec))
+                 "--failure_grace", 0, *job.args(spec))
     assert r.returncode == 1
-    assert "worker 1 failed first (the root cause): exit code 5" in r.stderr
+    assert f"the root cause: worker 1 (pid {job.pid('worker 1')}) exited with code 5" in r.stderr
     assert "SIGKILL after 0.5 s" in r.stderr
     assert not pid_alive(job.pid("worker 0"))
 
@@ -259,7 +302,7 @@ def test_a_server_crashing_after_the_workers_finished_fails_the_job(fleetrun, jo
     spec = {"server": [["wait_file", "worker 0.pid"], ["sleep", 0.3], ["exit", 7]]}
     r = fleetrun("--server_num", 1, "--worker_num", 1, *job.args(spec))
     assert r.returncode == 1
-    assert "server 0 failed first (the root cause): exit code 7" in r.stderr
+    assert f"the root cause: server 0 (pid {job.pid('server 0')}) exited with code 7" in r.stderr
 
 
 # -- how a job ends ----------------------------------------------------------------------
@@ -372,6 +415,8 @@ def _config(*argv):
     (["--timeout", "0"], "timeout 0.0 (--timeout) must be a positive number of seconds"),
     (["--kill_timeout", "nan"], "kill_timeout nan (--kill_timeout) must be a positive number "
      "of seconds"),
+    (["--failure_grace", "-1"], "failure_grace -1.0 (--failure_grace) must be a number of "
+     "seconds >= 0 (0 stops the other processes at once)"),
 ])
 def test_bad_arguments_are_errors_naming_the_value_and_the_fix(argv, message):
     with pytest.raises(ConfigError) as error:
@@ -412,6 +457,7 @@ def test_help_is_the_manual_of_every_option_variable_log_and_exit_code(fleetrun)
     assert r.returncode == 0
     for word in ("--server_num", "--worker_num", "--servers", "--workers", "--start_port",
                  "--log_dir", "--timeout", "--server_exit_timeout", "--kill_timeout",
+                 "--failure_grace",
                  "TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS",
                  "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT",
                  "serverlog.N", "workerlog.N", "exit codes:", "124", "130", "143",

@@ -276,3 +276,15 @@ def test_a_closed_server_refuses_to_serve():
     server.close()
     with pytest.raises(TransportError, match="is closed"):
         server.serve_once(echo_handler, 0)
+
+
+def test_a_peer_failing_requests_in_a_loop_gets_every_error_but_the_log_one_line_a_second(caplog):
+    with serving() as server, client_of(server.endpoint) as client:
+        with caplog.at_level("WARNING", logger="fleet.transport"):
+            for _ in range(50):
+                with pytest.raises(ServerError, match="no table 'emb'"):
+                    client.request("fail")
+        assert server.stats()["handler_errors"] == 50
+    warnings = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert 1 <= len(warnings) <= 3  # one per second of the loop
+    assert warnings[0] == "handler for 'fail' (request 1 from worker 0) failed: KeyError: \"no table 'emb'\""
