@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 

@@ -1,6 +1,5 @@
 """train_from_dataset: threads, Hogwild and Reduce reach the AUC of one thread; progress,
 fetch handlers and summaries."""
-import os
 
 import numpy as np
 import pytest
