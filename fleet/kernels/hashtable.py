@@ -10,8 +10,9 @@ numbered 0, 1, 2, ... in creation order and never move: ``row_ids[:size]`` is th
 iteration order used by saves, and the tables keep values and optimizer state in
 parallel arrays indexed by the same row.
 
-Memory: 8 bytes per slot (load 0.35-0.7, so 11-23 bytes per row) plus 8 bytes of
-``row_ids`` per row.
+Memory: 8 bytes of ``row_ids`` per row plus 8 bytes per slot: 15-23 bytes per row
+between growths (load 0.35-0.55), up to 36 while a growth holds a second slot array
+(``HashIndex`` grows incrementally, never rehashing everything in one call).
 
 Row initial values come from a counter-based generator: the value of (seed, id, column)
 is a pure function of those three numbers (splitmix64 streams), so a row gets the same

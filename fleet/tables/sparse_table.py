@@ -13,8 +13,9 @@ work proportional to the table's size, only to its own batch.
 A new row's initial value depends only on (seed, id), so a run gives the same table
 whatever order ids arrive in, and whatever path its growth took.
 
-Memory per row (SGD, dim 10): 40 bytes of values + 8 of id + 11-23 of hash slots (+ up to
-11 more while the previous slot array is being migrated).
+Memory per row (SGD, dim 10): 40 bytes of values + 8 of id + 15-23 of hash slots between
+growths, up to 36 while the index holds a second slot array; a table growing to 100M rows
+stays under 8 GiB throughout.
 """
 import threading
 
@@ -284,8 +285,8 @@ class SparseTable:
         """
         with self._lock:
             size = self._index.size
-            total = sum(store.memory_bytes(size) for store in self._stores.values())
-            total += self._index.memory_bytes()
+            total = self._value_store.memory_bytes(size) + self._index.memory_bytes()
+            total += sum(store.memory_bytes(size) for store in self._state_stores.values())
             total += sum(a.nbytes for a in self._scalar_state.values())
             if self._changes is not None:
                 total += self._changes.memory_bytes()
@@ -318,20 +319,20 @@ class SparseTable:
     def _make_storage(self, index, capacity):
         """Takes ``index`` and fresh per-row arrays with room for ``capacity`` rows."""
         self._index = index
-        self._stores = {"values": ReservedArray((self.dim,), np.float32, capacity)}
-        for key, row in self._row_template.items():
-            self._stores[key] = ReservedArray((self.dim,), row.dtype, capacity)
-        self._values = self._stores["values"].array
-        self._row_state = {key: self._stores[key].array for key in self._row_template}
+        self._value_store = ReservedArray((self.dim,), np.float32, capacity)
+        self._state_stores = {key: ReservedArray((self.dim,), row.dtype, capacity)
+                              for key, row in self._row_template.items()}
+        self._values = self._value_store.array
+        self._row_state = {key: store.array for key, store in self._state_stores.items()}
 
     def _ensure_capacity(self, rows, size):
         """Makes room for ``rows`` rows, keeping the first ``size`` (those initialized).
 
         Within a reservation this is free: rows are written in place.
         """
-        self._values = self._stores["values"].ensure(rows, size)
-        for key in self._row_state:
-            self._row_state[key] = self._stores[key].ensure(rows, size)
+        self._values = self._value_store.ensure(rows, size)
+        for key, store in self._state_stores.items():
+            self._row_state[key] = store.ensure(rows, size)
         if self._changes is not None:
             self._changes.ensure_rows(rows)
 

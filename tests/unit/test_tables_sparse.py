@@ -267,7 +267,7 @@ def test_memory_per_row_is_small_for_sgd_and_counts_the_slots_a_growth_holds():
         index, size = table._index, table.size
         prepared = 0 if index._next is None else 8 * index._touched
         phases.add("migrating" if index.migrating else "preparing" if prepared else "steady")
-        rows = table._stores["values"].memory_bytes(size) + index._ids.memory_bytes(size)
+        rows = table._value_store.memory_bytes(size) + index._ids.memory_bytes(size)
         assert table.memory_bytes() == rows + index.slots.nbytes + index._old.nbytes + prepared
     assert phases == {"migrating", "preparing", "steady"}
     # between growths: 40 bytes of values + 8 of id + 8 per slot at a load of 0.35-0.5,
