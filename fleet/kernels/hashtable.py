@@ -10,8 +10,8 @@ numbered 0, 1, 2, ... in creation order and never move: ``row_ids[:size]`` is th
 iteration order used by saves, and the tables keep values and optimizer state in
 parallel arrays indexed by the same row.
 
-Memory: 8 bytes of ``row_ids`` per row plus 8 bytes per slot: 15-23 bytes per row
-between growths (load 0.35-0.55), up to 36 while a growth holds a second slot array
+Memory: 8 bytes of ``row_ids`` per row plus 8 bytes per slot: 18-23 bytes per row while
+only one slot array is held (load 0.35-0.45), up to 35 while a growth holds a second one
 (``HashIndex`` grows incrementally, never rehashing everything in one call).
 
 Row initial values come from a counter-based generator: the value of (seed, id, column)
@@ -34,15 +34,15 @@ from fleet.kernels.reserved_array import ReservedArray, fresh_zeros
 
 MAX_LOAD = 0.7
 """Fraction of slots in use at which inserts move to a slot array twice as large."""
-PREPARE_LOAD = 0.55
+PREPARE_LOAD = 0.45
 """Fraction of slots in use at which the next slot array is allocated and its pages touched."""
 MIGRATE_ROWS_PER_KEY = 4
-"""Rows of the old slot array re-inserted per key of a call while migrating (>= 1.75 needed:
-0.35 C rows to move in the 0.2 C inserts between a switch and the next prepare phase; for
-slot capacity C)."""
-PREFAULT_SLOTS_PER_ROW = 16
-"""Slots of the next slot array made resident per row beyond PREPARE_LOAD (>= 13.4 needed:
-2 C slots in the 0.15 C rows up to MAX_LOAD; 16 has them ready at a load of 0.675)."""
+"""Rows of the old slot array re-inserted per key of a call while migrating (>= 3.5 needed:
+a switch at slot capacity C leaves 0.35 C rows to move, to be done in the 0.1 C inserts
+before the next prepare phase at 0.45 of 2 C slots)."""
+PREFAULT_SLOTS_PER_ROW = 8
+"""Slots of the next slot array made resident per row beyond PREPARE_LOAD: its 2 C slots
+over the 0.25 C rows up to MAX_LOAD, so the work is spread over the whole cycle."""
 MIN_SLOTS = 1 << 15
 """The smallest slot array."""
 
@@ -300,11 +300,11 @@ class HashIndex:
        the new array is looked for in the old one, and a key in neither is inserted into
        the new one only. Paced by keys, so the old array is freed soon whatever the mix.
 
-    With the default constants, migration ends before the next prepare phase begins and
-    preparation before the next switch (each phase's work divided by the inserts
-    available to do it in is below its rate). A call that creates more rows than that (a
-    batch comparable to the index) completes the pending phases when it reaches the
-    switch: the work it pays is then proportional to its own size.
+    With the default constants, migration ends before the next prepare phase begins (its
+    work divided by the inserts available is below its rate), and the next array is
+    prepared just in time: the call that reaches the switch completes its own rows' share.
+    A call creating more rows than that (a batch comparable to the index) completes
+    whatever is pending at the switch: the work it pays is then proportional to its size.
 
     Args:
         capacity: rows to make room for before the first growth.

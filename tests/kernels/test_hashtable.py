@@ -219,17 +219,16 @@ def grow_and_record_switches(batch, hits, rows=200_000):
     return pending
 
 
-@pytest.mark.parametrize("hits", [0.0, 0.5, 0.95], ids=["all_new", "half_hits", "mostly_hits"])
-def test_with_the_default_pace_each_phase_ends_before_the_next_one_is_due(hits):
+@pytest.mark.parametrize("batch,hits", [(250, 0.0), (250, 0.5), (250, 0.95), (4000, 0.0)],
+                         ids=["all_new", "half_hits", "mostly_hits", "large_calls"])
+def test_with_the_default_pace_a_switch_leaves_only_the_calling_batch_its_share(batch, hits):
     # no call pays for a whole rehash: at every switch the previous migration is over and
-    # the next slot array is prepared, when calls are small against the index
-    pending = grow_and_record_switches(250, hits)
-    assert pending == [(0, 0)] * 4  # 2**15 -> 2**16 -> 2**17 -> 2**18 -> 2**19 slots
-
-
-def test_a_call_large_against_the_index_pays_what_is_pending_in_proportion_to_its_rows():
-    for migrating, unprepared in grow_and_record_switches(2000, 0.0):
-        assert migrating == 0 and unprepared <= ht.PREFAULT_SLOTS_PER_ROW * 2000
+    # the next slot array lacks at most what the rows of one call owe
+    pending = grow_and_record_switches(batch, hits)
+    assert len(pending) == 4  # 2**15 -> 2**16 -> 2**17 -> 2**18 -> 2**19 slots
+    for migrating, unprepared in pending:
+        assert migrating == 0
+        assert unprepared <= ht.PREFAULT_SLOTS_PER_ROW * batch
 
 
 def test_memory_bytes_counts_the_old_slots_while_migrating_and_the_prepared_next_slots():

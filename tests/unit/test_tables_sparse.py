@@ -262,7 +262,7 @@ def test_bad_initializer_specs_are_refused_with_the_forms_allowed(spec, message)
 def test_memory_per_row_is_small_for_sgd_and_counts_the_slots_a_growth_holds():
     table = SparseTable("emb", 10, SGDRule(), ("uniform", -1.0, 1.0))
     phases = set()
-    for start in range(0, 480_000, 10_000):  # 2**19 slots -> 2**20 at 367K rows, migrated by 460K
+    for start in range(0, 470_000, 10_000):  # 2**19 slots -> 2**20 at 367K rows, migrated by 459K
         table.pull(np.arange(start, start + 10_000, dtype=np.int64))
         index, size = table._index, table.size
         prepared = 0 if index._next is None else 8 * index._touched
@@ -270,11 +270,11 @@ def test_memory_per_row_is_small_for_sgd_and_counts_the_slots_a_growth_holds():
         rows = table._value_store.memory_bytes(size) + index._ids.memory_bytes(size)
         assert table.memory_bytes() == rows + index.slots.nbytes + index._old.nbytes + prepared
     assert phases == {"migrating", "preparing", "steady"}
-    # between growths: 40 bytes of values + 8 of id + 8 per slot at a load of 0.35-0.5,
+    # between growths: 40 bytes of values + 8 of id + 8 per slot at a load of 0.35-0.45,
     # plus at most one (huge) page per array
     assert not table._index.migrating and table._index._next is None
     page = reserved_array._THP_BYTES
-    assert 40 + 8 + 16 <= table.bytes_per_row() <= 40 + 8 + 23 + 2 * page / table.size
+    assert 40 + 8 + 17 <= table.bytes_per_row() <= 40 + 8 + 23 + 2 * page / table.size
 
 
 @pytest.mark.slow
