@@ -78,12 +78,18 @@ def fresh_zeros(count, dtype):
 
     Large arrays come from their own anonymous mapping (the kernel's zero pages), so
     creating one costs nothing in proportion to its size; small ones are ``np.zeros``.
+
+    Raises:
+        MemoryError: the address space for it cannot be mapped.
     """
     dtype = np.dtype(dtype)
     nbytes = count * dtype.itemsize
     if nbytes <= RESERVE_AFTER_BYTES:
         return np.zeros(count, dtype=dtype)
-    return _mapped(count, (), dtype)
+    try:
+        return _mapped(count, (), dtype)
+    except (OSError, OverflowError) as e:
+        raise MemoryError(f"cannot map {nbytes} bytes for {count} zeros of {dtype}: {e}") from e
 
 
 class ReservedArray:
@@ -117,7 +123,11 @@ class ReservedArray:
 
         Within a reservation this costs nothing: rows past those written are untouched
         address space. Returns ``self.array`` (a new object only when the array moved:
-        while small, or on moving into or out of a reservation).
+        while small, when it moves into a reservation, or when it outgrows a reservation
+        that the address space limited).
+
+        Raises:
+            MemoryError: no reservation for ``rows`` rows can be mapped.
         """
         rows = int(rows)
         if rows <= self.capacity:
@@ -137,8 +147,9 @@ class ReservedArray:
         """Bytes resident for the first ``rows`` rows.
 
         Within a reservation, rounded up to whole pages of the size the mapping may use
-        (huge pages where the kernel offers them): an upper bound, at most one page over.
-        Assumes only rows below ``rows`` were ever written, which is how the tables use it.
+        (huge pages where the kernel offers them): within one such page of what the kernel
+        reports resident. Assumes only rows below ``rows`` were ever written, which is how
+        the tables use it.
         """
         used = int(rows) * self.row_bytes
         if self.reserved:

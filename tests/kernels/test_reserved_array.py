@@ -108,3 +108,12 @@ def test_a_reservation_shrinks_to_what_the_address_space_allows(reserve_early, m
     with pytest.raises(MemoryError, match=r"cannot reserve address space for 600000 rows of 8 bytes"):
         arr.ensure(300_000, keep=10_000)
     np.testing.assert_array_equal(arr.array[:10_000], np.arange(10_000))
+
+
+def test_fresh_zeros_that_cannot_be_mapped_is_a_memory_error_naming_the_size(monkeypatch):
+    def refuse(rows, row_shape, dtype):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(ra, "_mapped", refuse)
+    with pytest.raises(MemoryError, match=r"cannot map 16777216 bytes for 2097152 zeros of uint64"):
+        ra.fresh_zeros(1 << 21, np.uint64)
