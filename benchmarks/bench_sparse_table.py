@@ -7,11 +7,18 @@ Prints one JSON line:
 - bytes per row at 1M rows and at a large size (100M by default, built for real: about
   7 GB of memory and a minute or two; ``--large-rows 10000000`` measures 10M and states
   the extrapolation to 100M), both from ``memory_bytes()`` and from the process's
-  resident memory; goal: 100M rows of dim 10 in <= 8 GiB.
+  resident memory; goal: 100M rows of dim 10 in <= 8 GiB;
+- growth without stalls: every push's latency while a fresh table grows to
+  ``--growth-rows`` rows (16M by default, about 20 s; ``--growth-rows 64000000`` or
+  ``100000000`` for the doublings of a large table), each push of ``--batch`` new ids:
+  worst single call, p99 and median, in wall time and in the calling thread's CPU time
+  (a stall shows as a worst call many times the median), and the peak of
+  ``memory_bytes()`` on the way. ``--growth-rows 0`` or ``--large-rows 0`` skip a part.
 
-    python benchmarks/bench_sparse_table.py [--large-rows N] [--seconds S]
+    python benchmarks/bench_sparse_table.py [--large-rows N] [--growth-rows N] [--seconds S]
 """
 import argparse
+import gc
 import json
 import os
 import time
@@ -88,12 +95,63 @@ def measure_memory(rows, batch=1_000_000):
             "build_seconds": round(build, 1), "slowest_1m_row_batch_seconds": round(worst, 3)}
 
 
+def measure_growth(rows, batch):
+    """Latency of each push of ``batch`` new ids while a fresh table grows to ``rows`` rows.
+
+    Wall time is what a worker waits; the calling thread's CPU time is the table's own work
+    (on a shared machine the wall figures also carry the time other processes took).
+    """
+    rng = np.random.default_rng(2)
+    table = SparseTable("growth", DIM, SGDRule(), ("uniform", -0.1, 0.1), seed=1)
+    grads = np.ones((batch, DIM), dtype=np.float32)
+    table.push(random_ids(rng, 1000), grads[:1000], 0.01)  # compile
+    wall, cpu, sizes, peak = [], [], [], 0
+    start = time.perf_counter()
+    while table.size < rows:
+        ids = random_ids(rng, min(batch, rows - table.size))
+        c0, t0 = time.thread_time(), time.perf_counter()
+        table.push(ids, grads[: len(ids)], 0.01)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+        sizes.append(table.size)
+        peak = max(peak, table.memory_bytes())
+    total = time.perf_counter() - start
+    wall, cpu = np.array(wall), np.array(cpu)
+    worst = int(np.argmax(wall))
+    return {"rows": table.size, "batch": batch, "calls": len(wall), "seconds": round(total, 1),
+            "worst_call_seconds": round(float(wall[worst]), 4), "worst_call_at_rows": sizes[worst],
+            "p99_call_seconds": round(float(np.percentile(wall, 99)), 4),
+            "median_call_seconds": round(float(np.median(wall)), 4),
+            "worst_call_cpu_seconds": round(float(cpu.max()), 4),
+            "p99_call_cpu_seconds": round(float(np.percentile(cpu, 99)), 4),
+            "median_call_cpu_seconds": round(float(np.median(cpu)), 4),
+            "bytes_per_row": round(table.memory_bytes() / table.size, 2),
+            "peak_gib": round(peak / GIB, 2)}
+
+
+def large_figures(large):
+    """The memory test's figures, scaled to 100M rows when it built fewer."""
+    out = {"large": large}
+    if large["rows"] >= 100_000_000:
+        out["gib_at_100m_rows"] = round(large["bytes_per_row"] * large["rows"] / GIB, 2)
+        out["gib_at_100m_rows_resident"] = round(large["resident_bytes_per_row"] * large["rows"] / GIB, 2)
+    else:
+        out["gib_at_100m_rows"] = round(large["bytes_per_row"] * 100_000_000 / GIB, 2)
+        out["gib_at_100m_rows_note"] = (
+            f"extrapolated from {large['rows']} rows: bytes per row of values and ids are constant; "
+            f"the hash slots take 15-23 bytes per row between growths and up to 36 during one, so the "
+            f"figure holds within about +-12 bytes per row")
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="table rows for the speed test")
     parser.add_argument("--batch", type=int, default=100_000, help="ids per pull / push")
     parser.add_argument("--seconds", type=float, default=3.0, help="time per speed figure")
-    parser.add_argument("--large-rows", type=int, default=100_000_000, help="rows of the memory test")
+    parser.add_argument("--large-rows", type=int, default=100_000_000, help="rows of the memory test (0: skip)")
+    parser.add_argument("--growth-rows", type=int, default=16_000_000,
+                        help="rows the growth test grows a table to, pushing --batch new ids per call (0: skip)")
     args = parser.parse_args()
 
     result = {"benchmark": "sparse_table", "dim": DIM, "rule": "sgd", "rows": args.rows, "batch": args.batch}
@@ -104,18 +162,11 @@ def main():
     result["bytes_per_row_1m"] = round(table.memory_bytes() / table.size, 2)
     del table
 
-    large = measure_memory(args.large_rows)
-    result["large"] = large
-    gib_100m = large["bytes_per_row"] * 100_000_000 / GIB
-    if large["rows"] >= 100_000_000:
-        result["gib_at_100m_rows"] = round(large["bytes_per_row"] * large["rows"] / GIB, 2)
-        result["gib_at_100m_rows_resident"] = round(large["resident_bytes_per_row"] * large["rows"] / GIB, 2)
-    else:
-        result["gib_at_100m_rows"] = round(gib_100m, 2)
-        result["gib_at_100m_rows_note"] = (
-            f"extrapolated from {large['rows']} rows: bytes per row of values and ids are constant; "
-            f"the hash slots are 8 bytes per slot at a load of 0.35-0.7, so the figure holds within about "
-            f"+-12 bytes per row")
+    if args.growth_rows:
+        result["growth"] = measure_growth(args.growth_rows, args.batch)
+        gc.collect()
+    if args.large_rows:
+        result.update(large_figures(measure_memory(args.large_rows)))
     result["peak_resident_gib"] = round(peak_resident_bytes() / GIB, 2)
     result["goal_gib_at_100m_rows"] = 8
     print(json.dumps(result))

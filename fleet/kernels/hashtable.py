@@ -10,8 +10,9 @@ numbered 0, 1, 2, ... in creation order and never move: ``row_ids[:size]`` is th
 iteration order used by saves, and the tables keep values and optimizer state in
 parallel arrays indexed by the same row.
 
-Memory: 8 bytes per slot (load 0.35-0.7, so 11-23 bytes per row) plus 8 bytes of
-``row_ids`` per row.
+Memory: 8 bytes of ``row_ids`` per row plus 8 bytes per slot: 18-23 bytes per row while
+only one slot array is held (load 0.35-0.45), up to 35 while a growth holds a second one
+(``HashIndex`` grows incrementally, never rehashing everything in one call).
 
 Row initial values come from a counter-based generator: the value of (seed, id, column)
 is a pure function of those three numbers (splitmix64 streams), so a row gets the same
@@ -29,9 +30,21 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from fleet.errors import ConfigError
+from fleet.kernels.reserved_array import ReservedArray, fresh_zeros
 
 MAX_LOAD = 0.7
-"""Fraction of slots in use above which the slot array doubles (rehash)."""
+"""Fraction of slots in use at which inserts move to a slot array twice as large."""
+PREPARE_LOAD = 0.45
+"""Fraction of slots in use at which the next slot array is allocated and its pages touched."""
+MIGRATE_ROWS_PER_KEY = 4
+"""Rows of the old slot array re-inserted per key of a call while migrating (>= 3.5 needed:
+a switch at slot capacity C leaves 0.35 C rows to move, to be done in the 0.1 C inserts
+before the next prepare phase at 0.45 of 2 C slots)."""
+PREFAULT_SLOTS_PER_ROW = 8
+"""Slots of the next slot array made resident per row beyond PREPARE_LOAD: its 2 C slots
+over the 0.25 C rows up to MAX_LOAD, so the work is spread over the whole cycle."""
+MIN_SLOTS = 1 << 15
+"""The smallest slot array."""
 
 _TAG_SHIFT = np.uint64(40)
 _ROW_MASK = np.uint64((1 << 40) - 1)
@@ -125,16 +138,20 @@ def _probe(slots, row_ids, key, h, mask):
 
 
 @numba.njit(cache=True, nogil=True)
-def hash_lookup(slots, row_ids, keys, out_rows):
+def hash_lookup(slots, old_slots, row_ids, keys, out_rows):
     """Writes the row of each key into ``out_rows`` (-1 for a key not in the index).
 
     Args:
         slots: uint64 [capacity] slot array (capacity a power of two).
+        old_slots: uint64 [old capacity] frozen slot array still being migrated into
+            ``slots`` (probed when a key is not in ``slots``), or empty.
         row_ids: int64 [>= size] id of each row.
         keys: int64 [n] ids to find (any values, repeats allowed).
         out_rows: int64 [n] output.
     """
     mask = np.uint64(len(slots) - 1)
+    old_mask = np.uint64(max(len(old_slots), 1) - 1)
+    migrating = len(old_slots) > 0
     n = len(keys)
     hashes = np.empty(_RING, dtype=np.uint64)
     for i in range(n + _AHEAD):
@@ -143,26 +160,38 @@ def hash_lookup(slots, row_ids, keys, out_rows):
             h = splitmix64(np.uint64(keys[i]))
             hashes[i & (_RING - 1)] = h
             prefetch(slots, h & mask)
+            if migrating:
+                prefetch(old_slots, h & old_mask)
         k = i - _AHEAD // 2
         if k >= 0 and k < n:
-            s = slots[hashes[k & (_RING - 1)] & mask]
+            h = hashes[k & (_RING - 1)]
+            s = slots[h & mask]
             if s != 0:
                 prefetch(row_ids, np.int64(s & _ROW_MASK) - 1)
+            if migrating:
+                s = old_slots[h & old_mask]
+                if s != 0:
+                    prefetch(row_ids, np.int64(s & _ROW_MASK) - 1)
         j = i - _AHEAD
         if j >= 0:
-            out_rows[j] = _probe(slots, row_ids, keys[j], hashes[j & (_RING - 1)], mask)[1]
+            h = hashes[j & (_RING - 1)]
+            row = _probe(slots, row_ids, keys[j], h, mask)[1]
+            if row < 0 and migrating:
+                row = _probe(old_slots, row_ids, keys[j], h, old_mask)[1]
+            out_rows[j] = row
 
 
 @numba.njit(cache=True, nogil=True)
-def hash_lookup_or_insert(slots, row_ids, size, keys, out_rows, start, limit):
+def hash_lookup_or_insert(slots, old_slots, row_ids, size, keys, out_rows, start, limit):
     """Finds or creates the row of each key from ``keys[start]`` on.
 
-    A new key gets row ``size`` (then size + 1, ...) and its id is written to
-    ``row_ids``. Stops early, before creating row number ``limit``, so the caller can
-    grow the arrays and call again from the returned position.
+    A key is looked for in ``slots``, then in ``old_slots``; a key in neither gets row
+    ``size`` (then size + 1, ...) in ``slots`` and its id is written to ``row_ids``
+    (``old_slots`` is never written). Stops early, before creating row number ``limit``,
+    so the caller can grow and call again from the returned position.
 
     Args:
-        slots, row_ids: the index arrays (``len(row_ids) >= limit``).
+        slots, old_slots, row_ids: as for ``hash_lookup`` (``len(row_ids) >= limit``).
         size: rows in use.
         keys: int64 [n]; out_rows: int64 [n] output.
         start: first position of ``keys`` to process.
@@ -172,24 +201,35 @@ def hash_lookup_or_insert(slots, row_ids, size, keys, out_rows, start, limit):
         (stop, new_size): keys[start:stop] are done; stop < n means "grow and resume".
     """
     mask = np.uint64(len(slots) - 1)
+    old_mask = np.uint64(max(len(old_slots), 1) - 1)
+    migrating = len(old_slots) > 0
     n = len(keys)
     hashes = np.empty(_RING, dtype=np.uint64)
     for i in range(start, n + _AHEAD):
-        # pipeline front, as in hash_lookup
+        # pipeline front (kept inline: as a function call it is several times slower)
         if i < n:
             h = splitmix64(np.uint64(keys[i]))
             hashes[i & (_RING - 1)] = h
             prefetch(slots, h & mask)
+            if migrating:
+                prefetch(old_slots, h & old_mask)
         k = i - _AHEAD // 2
         if k >= start and k < n:
-            s = slots[hashes[k & (_RING - 1)] & mask]
+            h = hashes[k & (_RING - 1)]
+            s = slots[h & mask]
             if s != 0:
                 prefetch(row_ids, np.int64(s & _ROW_MASK) - 1)
+            if migrating:
+                s = old_slots[h & old_mask]
+                if s != 0:
+                    prefetch(row_ids, np.int64(s & _ROW_MASK) - 1)
         j = i - _AHEAD
         if j < start:
             continue
         h = hashes[j & (_RING - 1)]
         slot, row = _probe(slots, row_ids, keys[j], h, mask)
+        if row < 0 and migrating:
+            row = _probe(old_slots, row_ids, keys[j], h, old_mask)[1]
         if row < 0:
             if size >= limit:
                 return j, size
@@ -202,17 +242,17 @@ def hash_lookup_or_insert(slots, row_ids, size, keys, out_rows, start, limit):
 
 
 @numba.njit(cache=True, nogil=True)
-def hash_rebuild(slots, row_ids, size):
-    """Inserts rows 0..size-1 (ids from ``row_ids``) into the empty ``slots`` array."""
+def hash_insert_rows(slots, row_ids, start, stop):
+    """Inserts rows start..stop-1 (ids from ``row_ids``), known to be absent, into ``slots``."""
     mask = np.uint64(len(slots) - 1)
     hashes = np.empty(_RING, dtype=np.uint64)
-    for i in range(size + _AHEAD):
-        if i < size:
+    for i in range(start, stop + _AHEAD):
+        if i < stop:
             h = splitmix64(np.uint64(row_ids[i]))
             hashes[i & (_RING - 1)] = h
             prefetch(slots, h & mask)
         r = i - _AHEAD
-        if r < 0:
+        if r < start:
             continue
         h = hashes[r & (_RING - 1)]
         j = h & mask
@@ -236,13 +276,35 @@ def lookup_or_insert_reference(mapping, keys):
 
 # ---------------------------------------------------------------------------- the index
 
+_NO_SLOTS = np.zeros(0, dtype=np.uint64)
+
 
 class HashIndex:
     """An int64 id -> int64 row index whose rows are numbered in creation order.
 
-    Not thread-safe: the owning table serializes calls with its lock. Growth is
-    amortized: the slot array doubles (one rehash, O(size)) when more than ``MAX_LOAD``
-    of it would be used, the id array doubles by copy when full; neither happens per insert.
+    Not thread-safe: the owning table serializes calls with its lock.
+
+    Growth never stops a call for a time proportional to the index. The ids live in a
+    ``ReservedArray`` (appended in place). The slot array grows in three phases, each
+    paying a bounded amount of work per key (or row created) of each call:
+
+    1. prepare: from ``PREPARE_LOAD`` the next slot array (twice as large) is allocated
+       untouched, and ``lookup_or_insert`` writes ``PREFAULT_SLOTS_PER_ROW`` of its slots
+       per row beyond that load, so its pages are resident before use instead of faulting
+       at random later (paced by rows created: calls that only find rows pay nothing, and
+       the memory is taken no sooner than the growth needs it);
+    2. switch: at ``MAX_LOAD`` the prepared array becomes the one inserts go to, and the
+       old one is frozen;
+    3. migrate: each call (``lookup`` too) re-inserts ``MIGRATE_ROWS_PER_KEY`` of the old
+       array's rows per key into the new one, in row order; until all are, a key not in
+       the new array is looked for in the old one, and a key in neither is inserted into
+       the new one only. Paced by keys, so the old array is freed soon whatever the mix.
+
+    With the default constants, migration ends before the next prepare phase begins (its
+    work divided by the inserts available is below its rate), and the next array is
+    prepared just in time: the call that reaches the switch completes its own rows' share.
+    A call creating more rows than that (a batch comparable to the index) completes
+    whatever is pending at the switch: the work it pays is then proportional to its size.
 
     Args:
         capacity: rows to make room for before the first growth.
@@ -251,19 +313,34 @@ class HashIndex:
     def __init__(self, capacity=1024):
         capacity = max(int(capacity), 16)
         self.size = 0
-        self.slots = np.zeros(_slot_capacity_for(capacity), dtype=np.uint64)
-        self.row_ids = np.empty(capacity, dtype=np.int64)
+        self._ids = ReservedArray((), np.int64, capacity)
+        self.slots = fresh_zeros(_slot_capacity_for(capacity, PREPARE_LOAD), np.uint64)
+        self._clear_growth()
+
+    @property
+    def row_ids(self):
+        """int64 [capacity] id of each row (entries past ``size`` are undefined)."""
+        return self._ids.array
 
     @property
     def ids(self):
         """int64 [size] view: the id of each row, in row (creation) order."""
-        return self.row_ids[: self.size]
+        return self._ids.array[: self.size]
+
+    @property
+    def migrating(self):
+        """True while an old slot array is still being migrated (lookups probe both)."""
+        return len(self._old) > 0
 
     def lookup(self, keys, out=None):
-        """Returns the int64 row of each key, -1 for keys not in the index. Creates nothing."""
+        """Returns the int64 row of each key, -1 for keys not in the index. Creates nothing.
+
+        Migrates ``MIGRATE_ROWS_PER_KEY`` old rows per key when a migration is under way.
+        """
         keys = _as_ids(keys)
         out = np.empty(len(keys), dtype=np.int64) if out is None else out
-        hash_lookup(self.slots, self.row_ids, keys, out)
+        hash_lookup(self.slots, self._old, self._ids.array, keys, out)
+        self._migrate(MIGRATE_ROWS_PER_KEY * len(keys))
         return out
 
     def lookup_or_insert(self, keys, out=None):
@@ -277,25 +354,29 @@ class HashIndex:
         before = self.size
         start = 0
         while True:
-            limit = min(len(self.row_ids), int(len(self.slots) * MAX_LOAD), _MAX_ROWS)
+            limit = min(self._ids.capacity, int(len(self.slots) * MAX_LOAD), _MAX_ROWS)
             start, self.size = hash_lookup_or_insert(
-                self.slots, self.row_ids, self.size, keys, out, start, limit
+                self.slots, self._old, self._ids.array, self.size, keys, out, start, limit
             )
             if start == len(keys):
-                return out, self.size - before
+                break
             if self.size >= _MAX_ROWS:
                 raise ConfigError(f"a hash index holds at most {_MAX_ROWS} rows; this one is full")
-            self._grow()
+            if self.size >= self._ids.capacity:
+                self._ids.ensure(self.size + 1, self.size)
+            if self.size >= int(len(self.slots) * MAX_LOAD):
+                self._switch()
+        self._advance(len(keys))
+        return out, self.size - before
 
     def reserve(self, rows):
-        """Makes room for ``rows`` rows in total without further growth."""
+        """Makes room for ``rows`` rows in total without further growth (rebuilds now if needed)."""
         rows = int(rows)
         if rows > _MAX_ROWS:
             raise ConfigError(f"a hash index holds at most {_MAX_ROWS} rows; asked for {rows}")
-        if rows > len(self.row_ids):
-            self._resize_ids(rows)
-        if rows > int(len(self.slots) * MAX_LOAD):
-            self._rehash(_slot_capacity_for(rows))
+        self._ids.ensure(rows, self.size)
+        if rows > int(len(self.slots) * PREPARE_LOAD):
+            self._rebuild(_slot_capacity_for(rows, PREPARE_LOAD))
 
     def load_ids(self, ids):
         """Replaces the content with rows 0..n-1 holding ``ids`` (which must be unique).
@@ -305,8 +386,9 @@ class HashIndex:
         """
         ids = _as_ids(ids)
         self.size = 0
-        self.slots = np.zeros(_slot_capacity_for(max(len(ids), 16)), dtype=np.uint64)
-        self.row_ids = np.empty(max(len(ids), 16), dtype=np.int64)
+        self._ids = ReservedArray((), np.int64, max(len(ids), 16))
+        self.slots = fresh_zeros(_slot_capacity_for(max(len(ids), 16), PREPARE_LOAD), np.uint64)
+        self._clear_growth()
         rows, created = self.lookup_or_insert(ids)
         if created != len(ids):
             # rows == arange(n) up to the first repeat, which maps back to an earlier row
@@ -319,30 +401,71 @@ class HashIndex:
             )
 
     def memory_bytes(self):
-        """Bytes held: the whole slot array plus 8 bytes of id per row in use."""
-        return self.slots.nbytes + 8 * self.size
+        """Bytes held: the slot arrays (the old one while migrating, the prepared part of
+        the next one) plus the ids of the rows in use."""
+        prepared = 0 if self._next is None else self._touched * self._next.itemsize
+        return self.slots.nbytes + self._old.nbytes + prepared + self._ids.memory_bytes(self.size)
 
-    def _grow(self):
-        if self.size >= len(self.row_ids):
-            self._resize_ids(2 * len(self.row_ids))
-        if self.size >= int(len(self.slots) * MAX_LOAD):
-            self._rehash(2 * len(self.slots))
+    # ------------------------------------------------------------------------ growth
 
-    def _resize_ids(self, capacity):
-        # np.empty: pages past `size` are never written, so the OS backs only rows in use
-        grown = np.empty(capacity, dtype=np.int64)
-        grown[: self.size] = self.row_ids[: self.size]
-        self.row_ids = grown
+    def _clear_growth(self):
+        self._old = _NO_SLOTS       # frozen slot array being migrated into self.slots
+        self._old_rows = 0          # rows 0.._old_rows-1 are in _old
+        self._migrated = 0          # rows 0.._migrated-1 are also in self.slots
+        self._next = None           # the prepared slot array of the next switch
+        self._touched = 0           # its slots written so far (pages resident)
 
-    def _rehash(self, slot_capacity):
-        slots = np.zeros(slot_capacity, dtype=np.uint64)
-        hash_rebuild(slots, self.row_ids, self.size)
+    def _advance(self, keys):
+        """The growth work a call of ``keys`` keys pays for: migrate, else prepare."""
+        if self.migrating:
+            self._migrate(MIGRATE_ROWS_PER_KEY * keys)
+            return
+        if self._next is None and self.size >= len(self.slots) * PREPARE_LOAD:
+            self._next = fresh_zeros(2 * len(self.slots), np.uint64)
+            self._touched = 0
+        if self._next is not None:
+            beyond = self.size - int(len(self.slots) * PREPARE_LOAD)
+            self._prepare(PREFAULT_SLOTS_PER_ROW * beyond - self._touched)
+
+    def _migrate(self, rows):
+        if not self.migrating or rows <= 0:
+            return
+        stop = min(self._old_rows, self._migrated + rows)
+        hash_insert_rows(self.slots, self._ids.array, self._migrated, stop)
+        self._migrated = stop
+        if stop == self._old_rows:
+            self._old = _NO_SLOTS
+
+    def _prepare(self, slots):
+        if slots <= 0:
+            return
+        stop = min(len(self._next), self._touched + slots)
+        # a write makes the page resident (the mapping reads as zeros, so zeros keep it empty)
+        self._next[self._touched : stop] = 0
+        self._touched = stop
+
+    def _switch(self):
+        """Moves inserts to the next slot array, finishing whatever earlier calls left."""
+        self._migrate(self._old_rows)
+        if self._next is None:
+            self._next = fresh_zeros(2 * len(self.slots), np.uint64)
+            self._touched = 0
+        self._prepare(len(self._next))
+        self._old, self.slots = self.slots, self._next
+        self._old_rows, self._migrated = self.size, 0
+        self._next, self._touched = None, 0
+
+    def _rebuild(self, slot_capacity):
+        slots = fresh_zeros(slot_capacity, np.uint64)
+        hash_insert_rows(slots, self._ids.array, 0, self.size)
         self.slots = slots
+        self._clear_growth()
 
 
-def _slot_capacity_for(rows):
-    need = int(math.ceil(rows / MAX_LOAD)) + 1
-    return 1 << max(need - 1, 15).bit_length()
+def _slot_capacity_for(rows, load):
+    """The smallest power of two (>= MIN_SLOTS) of slots holding ``rows`` at most at ``load``."""
+    need = max(int(math.ceil(rows / load)), MIN_SLOTS)
+    return 1 << (need - 1).bit_length()
 
 
 def _as_ids(keys):

@@ -3,12 +3,14 @@
 Paddle's AsyncSparseParamUpdateRecorder: every update of a row marks it for every
 worker; ``take(worker)`` hands the worker its marked rows and clears them. Storage is a
 bitmap (1 bit per row) and a list of pending rows per worker, so a mark or a take costs
-O(rows touched), never a sweep over the table.
+O(rows touched), never a sweep over the table. Both grow in place (``ReservedArray``),
+so a table's growth never copies them.
 """
 import numpy as np
 
 from fleet.errors import ConfigError
 from fleet.kernels.hashtable import clear_marks, mark_rows
+from fleet.kernels.reserved_array import ReservedArray
 
 
 class ChangeTracker:
@@ -26,22 +28,20 @@ class ChangeTracker:
             raise ConfigError(f"a change tracker needs at least 1 worker; got workers={workers}")
         self.workers = int(workers)
         self._rows = 0
-        self._bits = [np.zeros(0, dtype=np.uint8) for _ in range(self.workers)]
-        self._pending = [np.empty(16, dtype=np.int64) for _ in range(self.workers)]
+        self._bits = [ReservedArray((), np.uint8, zeroed=True) for _ in range(self.workers)]
+        self._pending = [ReservedArray((), np.int64, 16) for _ in range(self.workers)]
         self._counts = [0] * self.workers
+        self._most = [0] * self.workers  # the most rows each pending list ever held (pages touched)
         self.ensure_rows(rows)
 
     def ensure_rows(self, rows):
-        """Makes the bitmaps cover rows 0 .. rows-1 (amortized doubling)."""
+        """Makes the bitmaps cover rows 0 .. rows-1 (in place once they are large)."""
         if rows <= self._rows:
             return
-        rows = max(int(rows), 2 * self._rows)
-        nbytes = (rows + 7) // 8
-        for w in range(self.workers):
-            grown = np.zeros(nbytes, dtype=np.uint8)
-            grown[: len(self._bits[w])] = self._bits[w]
-            self._bits[w] = grown
-        self._rows = rows
+        nbytes = (int(rows) + 7) // 8
+        for bits in self._bits:
+            bits.ensure(nbytes, (self._rows + 7) // 8)
+        self._rows = int(rows)
 
     def mark(self, rows):
         """Marks int64 ``rows`` (each in range, repeats allowed) as changed for every worker."""
@@ -49,12 +49,10 @@ class ChangeTracker:
             return
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         for w in range(self.workers):
-            need = min(self._counts[w] + len(rows), self._rows)
-            if need > len(self._pending[w]):
-                grown = np.empty(max(need, 2 * len(self._pending[w])), dtype=np.int64)
-                grown[: self._counts[w]] = self._pending[w][: self._counts[w]]
-                self._pending[w] = grown
-            self._counts[w] = mark_rows(self._bits[w], self._pending[w], self._counts[w], rows)
+            count = self._counts[w]
+            pending = self._pending[w].ensure(min(count + len(rows), self._rows), count)
+            self._counts[w] = mark_rows(self._bits[w].array, pending, count, rows)
+            self._most[w] = max(self._most[w], self._counts[w])
 
     def mark_range(self, start, stop):
         """Marks rows start .. stop-1."""
@@ -71,17 +69,20 @@ class ChangeTracker:
                 f"worker {worker!r} is not tracked; changed rows are kept for workers 0..{self.workers - 1}"
             )
         count = self._counts[worker]
-        rows = self._pending[worker][:count].copy()
-        clear_marks(self._bits[worker], rows)
+        rows = self._pending[worker].array[:count].copy()
+        clear_marks(self._bits[worker].array, rows)
         self._counts[worker] = 0
         return rows
 
     def clear(self):
         """Forgets every pending change (e.g. after loading a checkpoint)."""
         for w in range(self.workers):
-            self._bits[w][:] = 0
+            # the set bits are exactly the pending rows: clear those, not a whole bitmap
+            clear_marks(self._bits[w].array, self._pending[w].array[: self._counts[w]])
             self._counts[w] = 0
 
     def memory_bytes(self):
-        """Bytes held by the bitmaps and pending lists."""
-        return sum(b.nbytes + p.nbytes for b, p in zip(self._bits, self._pending))
+        """Bytes held by the bitmaps (rows covered) and pending lists (the most they held)."""
+        nbytes = (self._rows + 7) // 8
+        return sum(b.memory_bytes(nbytes) + p.memory_bytes(most)
+                   for b, p, most in zip(self._bits, self._pending, self._most))

@@ -1,14 +1,21 @@
 """A server's sparse table: int64 id -> float32 row of width ``dim``, created on first use.
 
-Rows live in one growable float32 [capacity, dim] array indexed by row number (the
-hash index of ``fleet.kernels.hashtable`` maps ids to rows); per-row optimizer state
-lives in parallel arrays indexed by the same row, scalar state (Adam's beta powers) beside
-them. Capacity doubles when full; the copy moves only rows in use, and capacity past
-``size`` is never written, so the OS backs only rows in use with memory. A new row's
-initial value depends only on (seed, id), so a run gives the same table whatever order
-ids arrive in.
+Rows live in one float32 [capacity, dim] array indexed by row number (the hash index of
+``fleet.kernels.hashtable`` maps ids to rows); per-row optimizer state lives in parallel
+arrays indexed by the same row, scalar state (Adam's beta powers) beside them.
 
-Memory per row (SGD, dim 10): 40 bytes of values + 8 of id + 11-23 of hash slots.
+Growth never stalls the table: once past a few MiB every per-row array is a
+``ReservedArray`` (address space for as many rows as the machine could hold, memory
+taken only as rows are written), so new rows are appended in place and never copied,
+and the hash index grows its slot array incrementally (see ``HashIndex``). No call pays
+work proportional to the table's size, only to its own batch.
+
+A new row's initial value depends only on (seed, id), so a run gives the same table
+whatever order ids arrive in, and whatever path its growth took.
+
+Memory per row (SGD, dim 10): 40 bytes of values + 8 of id + 15-23 of hash slots between
+growths, up to 36 while the index holds a second slot array; a table growing to 100M rows
+stays under 8 GiB throughout.
 """
 import threading
 
@@ -26,6 +33,7 @@ from fleet.kernels.hashtable import (
     init_rows,
     take_rows,
 )
+from fleet.kernels.reserved_array import ReservedArray
 from fleet.tables.changes import ChangeTracker
 
 _INITIALIZERS = {
@@ -98,13 +106,9 @@ class SparseTable:
         self._init = parse_initializer(initializer)
         self._lock = threading.Lock()
         capacity = max(int(capacity), 16)
-        self._index = HashIndex(capacity)
-        self._values = np.empty((capacity, self.dim), dtype=np.float32)
         self._row_template, self._scalar_state = _split_state(rule, self.dim, name)
-        self._row_state = {
-            key: np.empty((capacity, self.dim), dtype=row.dtype) for key, row in self._row_template.items()
-        }
         self._changes = ChangeTracker(track_workers, capacity) if track_workers else None
+        self._make_storage(HashIndex(capacity), capacity)
 
     @property
     def size(self):
@@ -260,32 +264,29 @@ class SparseTable:
         with self._lock:
             index = HashIndex()
             index.load_ids(ids)
-            capacity = max(n, 16)
-            self._values = np.empty((capacity, self.dim), dtype=np.float32)
+            self._make_storage(index, max(n, 16))
             self._values[:n] = values
             for key, arr in rows_in.items():
-                self._row_state[key] = np.empty((capacity, self.dim), dtype=arr.dtype)
                 self._row_state[key][:n] = arr
             for key, arr in scalars_in.items():
                 self._scalar_state[key] = np.array(arr, copy=True)
-            self._index = index
             if self._changes is not None:
                 self._changes.clear()
-                self._changes.ensure_rows(capacity)
+                self._changes.ensure_rows(max(n, 16))
 
     # ----------------------------------------------------------------------- memory
 
     def memory_bytes(self):
         """Bytes the table occupies: rows in use (values + per-row state), the index, tracking.
 
-        Reserved capacity past ``size`` is not counted: it is never written, so the OS does
-        not back it with memory.
+        Capacity past ``size`` is not counted: it is never written, so the OS does not back
+        it with memory (within a reservation, whole pages of the rows in use are counted).
+        While the index grows, its old or next slot array is counted as well.
         """
         with self._lock:
             size = self._index.size
-            row_bytes = self._values.itemsize * self.dim
-            row_bytes += sum(a.itemsize * self.dim for a in self._row_state.values())
-            total = size * row_bytes + self._index.memory_bytes()
+            total = self._value_store.memory_bytes(size) + self._index.memory_bytes()
+            total += sum(store.memory_bytes(size) for store in self._state_stores.values())
             total += sum(a.nbytes for a in self._scalar_state.values())
             if self._changes is not None:
                 total += self._changes.memory_bytes()
@@ -315,17 +316,25 @@ class SparseTable:
                 fill_rows(self._row_state[key], before, after, row)
         return rows
 
+    def _make_storage(self, index, capacity):
+        """Takes ``index`` and fresh per-row arrays with room for ``capacity`` rows."""
+        self._index = index
+        self._value_store = ReservedArray((self.dim,), np.float32, capacity)
+        self._state_stores = {key: ReservedArray((self.dim,), row.dtype, capacity)
+                              for key, row in self._row_template.items()}
+        self._values = self._value_store.array
+        self._row_state = {key: store.array for key, store in self._state_stores.items()}
+
     def _ensure_capacity(self, rows, size):
-        """Makes room for ``rows`` rows, keeping the first ``size`` (those initialized)."""
-        capacity = len(self._values)
-        if rows <= capacity:
-            return
-        capacity = max(rows, 2 * capacity)
-        self._values = _grown(self._values, capacity, size)
-        for key in self._row_state:
-            self._row_state[key] = _grown(self._row_state[key], capacity, size)
+        """Makes room for ``rows`` rows, keeping the first ``size`` (those initialized).
+
+        Within a reservation this is free: rows are written in place.
+        """
+        self._values = self._value_store.ensure(rows, size)
+        for key, store in self._state_stores.items():
+            self._row_state[key] = store.ensure(rows, size)
         if self._changes is not None:
-            self._changes.ensure_rows(capacity)
+            self._changes.ensure_rows(rows)
 
     def _state_view(self, size):
         state = {key: arr[:size] for key, arr in self._row_state.items()}
@@ -375,13 +384,6 @@ def _split_state(rule, dim, name):
         else:
             scalars[key] = np.array(arr, copy=True)
     return rows, scalars
-
-
-def _grown(arr, capacity, size):
-    # np.empty: pages past `size` stay untouched (not resident) until rows are created
-    grown = np.empty((capacity,) + arr.shape[1:], dtype=arr.dtype)
-    grown[:size] = arr[:size]
-    return grown
 
 
 def _ids(ids, name):

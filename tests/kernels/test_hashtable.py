@@ -1,4 +1,6 @@
-"""The sparse-table kernels against their plain-Python references."""
+"""The sparse-table kernels against their plain-Python references, and the index's growth."""
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -6,12 +8,27 @@ from hypothesis import strategies as st
 
 from fleet.errors import ConfigError
 from fleet.kernels import hashtable as ht
+from fleet.kernels import reserved_array
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 EXTREMES = [0, -1, 1, INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1]
 
 int64s = st.one_of(st.integers(INT64_MIN, INT64_MAX), st.sampled_from(EXTREMES), st.integers(-50, 50))
 id_batches = st.lists(st.lists(int64s, max_size=300), min_size=1, max_size=6)
+
+
+@contextlib.contextmanager
+def small_growth(migrate_rows_per_key=1, prefault_slots_per_row=1):
+    """Slot arrays from 16 slots and reservations from 64 bytes, so small tests grow many times.
+
+    Paces below the defaults' guarantees make calls also complete pending phases at a switch.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ht, "MIN_SLOTS", 16)
+        mp.setattr(ht, "MIGRATE_ROWS_PER_KEY", migrate_rows_per_key)
+        mp.setattr(ht, "PREFAULT_SLOTS_PER_ROW", prefault_slots_per_row)
+        mp.setattr(reserved_array, "RESERVE_AFTER_BYTES", 64)
+        yield
 
 
 def test_splitmix64_matches_the_design_formula():
@@ -94,15 +111,172 @@ def test_load_ids_with_a_duplicate_names_it():
 
 def test_reserve_avoids_later_growth():
     index = ht.HashIndex()
-    index.reserve(10_000)
+    index.reserve(100_000)
     slots, row_ids = index.slots, index.row_ids
-    index.lookup_or_insert(np.arange(10_000, dtype=np.int64))
+    index.lookup_or_insert(np.arange(100_000, dtype=np.int64))
     assert index.slots is slots and index.row_ids is row_ids
+    assert not index.migrating and index._next is None
+
+
+def test_reserve_during_a_migration_rebuilds_every_row():
+    with small_growth():
+        index = ht.HashIndex(capacity=16)
+        keys = np.arange(-500, 500, dtype=np.int64) * 7919
+        for batch in np.array_split(keys, 40):
+            index.lookup_or_insert(batch)
+            if index.migrating:
+                break
+        assert index.migrating
+        size = index.size
+        index.reserve(5000)
+        assert not index.migrating
+        np.testing.assert_array_equal(index.lookup(keys[:size]), np.arange(size))
+        index.lookup_or_insert(keys)
+        np.testing.assert_array_equal(index.lookup(keys), np.arange(len(keys)))
 
 
 def test_non_integer_ids_are_refused():
     with pytest.raises(ConfigError, match="ids must be integers; got dtype float64"):
         ht.HashIndex().lookup(np.array([1.5]))
+
+
+operations = st.lists(
+    st.tuples(st.sampled_from(["insert", "lookup"]), st.integers(0, 150), st.lists(int64s, max_size=8)),
+    min_size=8, max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(operations, st.integers(0, 2**32 - 1), st.sampled_from([(1, 1), (4, 16), (2, 64)]))
+def test_index_matches_a_dict_through_many_growths_with_lookups_mid_migration(ops, seed, pace):
+    rng = np.random.default_rng(seed)
+    with small_growth(*pace):
+        index = ht.HashIndex(capacity=16)
+        reference = {}
+        for op, fresh, extremes in ops:
+            known = np.array(list(reference), dtype=np.int64).reshape(-1)
+            repeats = known[rng.integers(0, len(known), size=min(len(known), 20))] if len(known) else known
+            keys = np.concatenate([rng.integers(INT64_MIN, INT64_MAX, size=fresh, dtype=np.int64),
+                                   np.array(extremes, dtype=np.int64), repeats])
+            rng.shuffle(keys)
+            if op == "insert":
+                rows, created = index.lookup_or_insert(keys)
+                before = len(reference)
+                np.testing.assert_array_equal(rows, ht.lookup_or_insert_reference(reference, keys))
+                assert created == len(reference) - before
+            else:
+                # unknown ids and every third known id, whatever phase the index is in
+                queries = np.concatenate([keys, known[::3]])
+                np.testing.assert_array_equal(index.lookup(queries), ht.lookup_reference(reference, queries))
+            assert index.size == len(reference)
+        known = np.array(list(reference), dtype=np.int64).reshape(-1)
+        np.testing.assert_array_equal(index.ids, known)
+        np.testing.assert_array_equal(index.lookup(known), np.arange(len(known)))
+
+
+def test_lookups_and_inserts_during_a_migration_see_old_and_new_rows():
+    with small_growth(migrate_rows_per_key=1, prefault_slots_per_row=16):
+        index = ht.HashIndex(capacity=16)
+        keys = np.random.default_rng(4).integers(INT64_MIN, INT64_MAX, size=3000, dtype=np.int64)
+        done = 0
+        while not index.migrating:
+            index.lookup_or_insert(keys[done : done + 7])
+            done += 7
+        # rows created before the switch are in the old slot array, most not yet migrated
+        assert index._migrated < index._old_rows <= index.size == done
+        np.testing.assert_array_equal(index.lookup(keys[:done]), np.arange(done))
+        rows, created = index.lookup_or_insert(keys[done - 5 : done + 5])  # 5 old, 5 new
+        assert created == 5 and rows.tolist() == list(range(done - 5, done + 5))
+        assert index.lookup(np.array([12345], dtype=np.int64)).tolist() == [-1]
+        # read-only traffic finishes the migration, and the old array is let go
+        while index.migrating:
+            index.lookup(keys[:3])
+        assert len(index._old) == 0
+        np.testing.assert_array_equal(index.lookup(keys[: done + 5]), np.arange(done + 5))
+
+
+def grow_and_record_switches(batch, hits, rows=200_000):
+    """Grows a default index with calls of ``batch`` keys; returns the work pending at each switch."""
+    pending = []
+    original = ht.HashIndex._switch
+
+    def switch(index):
+        unprepared = 2 * len(index.slots) if index._next is None else len(index._next) - index._touched
+        pending.append((index._old_rows - index._migrated if index.migrating else 0, unprepared))
+        original(index)
+
+    rng = np.random.default_rng(7)
+    index = ht.HashIndex()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ht.HashIndex, "_switch", switch)
+        while index.size < rows:
+            keys = rng.integers(INT64_MIN, INT64_MAX, size=batch, dtype=np.int64)
+            if index.size and hits:
+                old = index.ids[rng.integers(0, index.size, size=int(batch * hits))]
+                keys = np.concatenate([keys[: batch - len(old)], old])
+            index.lookup_or_insert(keys)
+    assert index.size <= ht.MAX_LOAD * len(index.slots)
+    return pending
+
+
+@pytest.mark.parametrize("batch,hits", [(250, 0.0), (250, 0.5), (250, 0.95), (4000, 0.0)],
+                         ids=["all_new", "half_hits", "mostly_hits", "large_calls"])
+def test_with_the_default_pace_a_switch_leaves_only_the_calling_batch_its_share(batch, hits):
+    # no call pays for a whole rehash: at every switch the previous migration is over and
+    # the next slot array lacks at most what the rows of one call owe
+    pending = grow_and_record_switches(batch, hits)
+    assert len(pending) == 4  # 2**15 -> 2**16 -> 2**17 -> 2**18 -> 2**19 slots
+    for migrating, unprepared in pending:
+        assert migrating == 0
+        assert unprepared <= ht.PREFAULT_SLOTS_PER_ROW * batch
+
+
+def test_memory_bytes_counts_the_old_slots_while_migrating_and_the_prepared_next_slots():
+    with small_growth(migrate_rows_per_key=1, prefault_slots_per_row=1):
+        index = ht.HashIndex(capacity=16)
+        keys = np.arange(10_000, dtype=np.int64)
+        done = 0
+        while not index.migrating:
+            index.lookup_or_insert(keys[done : done + 50])
+            done += 50
+        ids_bytes = index._ids.memory_bytes(index.size)
+        assert index.memory_bytes() == index.slots.nbytes + index._old.nbytes + ids_bytes
+        while index.migrating:
+            index.lookup(keys[:10])
+        while index._next is None:
+            index.lookup_or_insert(keys[done : done + 50])
+            done += 50
+        prepared = 8 * index._touched
+        assert 0 < prepared < index._next.nbytes
+        assert index.memory_bytes() == index.slots.nbytes + prepared + index._ids.memory_bytes(index.size)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(int64s, unique=True, max_size=200), st.data())
+def test_hash_lookup_finds_rows_still_in_the_old_slots_and_inserts_only_into_the_new(ids, data):
+    n = len(ids)
+    old_rows = data.draw(st.integers(0, n), label="old_rows")
+    migrated = data.draw(st.integers(0, old_rows), label="migrated")
+    row_ids = np.empty(n + 50, dtype=np.int64)
+    row_ids[:n] = ids
+    old = np.zeros(512, dtype=np.uint64)
+    ht.hash_insert_rows(old, row_ids, 0, old_rows)
+    new = np.zeros(1024, dtype=np.uint64)
+    ht.hash_insert_rows(new, row_ids, 0, migrated)
+    ht.hash_insert_rows(new, row_ids, old_rows, n)
+    reference = {int(k): i for i, k in enumerate(ids)}
+    absent = [k for k in data.draw(st.lists(int64s, max_size=50), label="others") if k not in reference]
+    queries = np.array(ids + absent, dtype=np.int64)
+    out = np.empty(len(queries), dtype=np.int64)
+    ht.hash_lookup(new, old, row_ids, queries, out)
+    np.testing.assert_array_equal(out, ht.lookup_reference(reference, queries))
+
+    frozen = old.copy()
+    out = np.empty(len(queries), dtype=np.int64)
+    stop, size = ht.hash_lookup_or_insert(new, old, row_ids, n, queries, out, 0, n + 50)
+    assert (stop, size) == (len(queries), n + len(set(absent)))
+    np.testing.assert_array_equal(out, ht.lookup_or_insert_reference(reference, queries))
+    np.testing.assert_array_equal(old, frozen)
 
 
 @pytest.mark.parametrize(
