@@ -43,6 +43,9 @@ def main(argv=None):
     p.add_argument("--strategies", default="sync,async,half_async,geo")
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--geo_k", type=int, default=20)
+    p.add_argument("--local_threads", default="2",
+                   help="threads of the local baseline; a list such as 2,1 adds more local runs (the first is "
+                        "the baseline of the ratios)")
     p.add_argument("--worker_threads", type=int, default=None,
                    help="training threads per worker (default: train.py's --threads, as local)")
     args, train_args = p.parse_known_args(argv)
@@ -54,10 +57,14 @@ def main(argv=None):
     common = ["--data_dir", data, "--epochs", str(args.epochs), "--print_period", "0", *train_args]
     results = {}
     last = f"epoch_{args.epochs - 1}"
-    t0 = time.time()
-    out = run([sys.executable, "train.py", "--model_dir", os.path.join(work, "local"), *common], EXAMPLE, env)
-    results["local"] = {"examples_per_sec": round(speed_of(out)), "test_auc": round(test_auc(os.path.join(work, "local", last), data), 4),
-                        "seconds": round(time.time() - t0, 1)}
+    for i, threads in enumerate(int(t) for t in args.local_threads.split(",")):
+        name = "local" if i == 0 else f"local_{threads}_threads"
+        t0 = time.time()
+        out = run([sys.executable, "train.py", "--model_dir", os.path.join(work, name), *common,
+                   "--threads", str(threads)], EXAMPLE, env)
+        results[name] = {"threads": threads, "examples_per_sec": round(speed_of(out)),
+                         "test_auc": round(test_auc(os.path.join(work, name, last), data), 4),
+                         "seconds": round(time.time() - t0, 1)}
     threads = [] if args.worker_threads is None else ["--threads", str(args.worker_threads)]
     for strategy in args.strategies.split(","):
         model = os.path.join(work, strategy)

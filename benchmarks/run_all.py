@@ -42,7 +42,8 @@ def benchmarks(quick):
         ("sparse_table", ["bench_sparse_table.py", "--large-rows", "10000000" if quick else "100000000"]),
         ("local_train", ["bench_local_train.py"]),
         ("torch_ctr", ["bench_torch_ctr.py", "--lines", "100000" if quick else "200000"]),
-        ("distributed", ["bench_distributed.py", "--epochs", "1" if quick else "3", "--worker_threads", "1"]),
+        ("distributed", ["bench_distributed.py", "--epochs", "1" if quick else "3", "--worker_threads", "1",
+                         "--local_threads", "2,1"]),
     ]
 
 
@@ -130,13 +131,13 @@ def figure_rows(r):
 def strategy_rows(r):
     dist = get(r, "distributed", "results") or {}
     rows = []
-    for s in ("local", "sync", "async", "half_async", "geo"):
+    for s in ("local", "local_1_threads", "sync", "async", "half_async", "geo"):
         if s in dist:
             d = dist[s]
             rows.append((s, fmt(d.get("test_auc"), "{:.4f}"),
-                         "" if s == "local" else fmt(d.get("auc_minus_local"), "{:+.4f}"),
+                         fmt(d["test_auc"] - dist["local"]["test_auc"], "{:+.4f}") if s != "local" else "",
                          fmt(d.get("examples_per_sec")),
-                         "" if s == "local" else fmt(d.get("speed_vs_local"), "{:.2f}x")))
+                         fmt(d["examples_per_sec"] / dist["local"]["examples_per_sec"], "{:.2f}x") if s != "local" else ""))
     return rows
 
 
@@ -163,7 +164,7 @@ def write_report(path, results, args, started):
         "## CTR-DNN by strategy",
         "",
         f"`bench_distributed.py`: {get(dist, 'lines') or 'n/a'} generated lines, {get(dist, 'epochs') or 'n/a'} "
-        f"epoch(s), batch 1000; local = one process with 2 threads; distributed = "
+        f"epoch(s), batch 1000; local = one process with 2 threads (local_1_threads: with 1); distributed = "
         f"{get(dist, 'servers') or 'n/a'} server(s) + 2 workers on this machine (1 thread each). "
         "Test AUC of the model the first worker saved, on 50,000 held-out lines; examples/s summed over workers.",
         "",
