@@ -4,11 +4,9 @@ They reach the worker's communicator through ``program._dist_info`` (set by the 
 so a test clone of the program (``clone(for_test=True)``) prefetches with the same
 communicator and sends nothing (its ``send`` op is dropped with the optimizer role).
 """
-import numpy as np
-
 from fleet.errors import ConfigError
 from fleet.framework.registry import OpDef, register_op
-from fleet.framework.tensor import LoDTensor
+from fleet.framework.tensor import flat_ids
 
 
 def _communicator(ctx):
@@ -28,13 +26,7 @@ class Prefetch(OpDef):
 
     def forward(self, ctx):
         comm = _communicator(ctx)
-        parts = []
-        for ids in ctx.inputs("Ids"):
-            if isinstance(ids, LoDTensor):
-                parts.append(ids.values)
-            elif ids is not None:
-                parts.append(np.asarray(ids, dtype=np.int64).reshape(-1))
-        all_ids = np.concatenate(parts) if len(parts) > 1 else (parts[0] if parts else np.zeros(0, np.int64))
+        all_ids = flat_ids(ctx.inputs("Ids"))
         rows = comm.prefetch(ctx.attrs["table"], all_ids, is_test=bool(ctx.attrs.get("is_test")))
         ctx.local[ctx.output_name("Out")] = rows
 

@@ -16,6 +16,7 @@ import numpy as np
 from fleet.errors import ConfigError
 from fleet.framework import io as fio
 from fleet.framework.ops.saved_table import SAVED_TABLE_PREFETCH
+from fleet.framework.passes import table_readers
 from fleet.framework.program import FORWARD, Operator, Program, Variable, deserialize_program, serialize_program
 from fleet.framework.scope import global_scope
 
@@ -109,14 +110,9 @@ def use_saved_tables(program, tables):
     ops = block.ops
     reads = []
     for table, dim in sorted(tables.items()):
-        readers = [i for i, op in enumerate(ops) if op.type == "lookup_table" and op.input("W") == [table]]
-        if not readers:
+        first, id_vars = table_readers(ops, table)
+        if first is None:
             continue
-        id_vars = []
-        for i in readers:
-            for name in ops[i].input("Ids"):
-                if name not in id_vars:
-                    id_vars.append(name)
         ids_name, values_name = table + "@ids", table + "@values"
         block.create_var(ids_name, shape=(-1,), dtype="int64", persistable=True, stop_gradient=True)
         block.create_var(values_name, shape=(-1, dim), dtype="float32", persistable=True, stop_gradient=True)
@@ -124,7 +120,7 @@ def use_saved_tables(program, tables):
         op = Operator(block, SAVED_TABLE_PREFETCH,
                       {"Ids": id_vars, "TableIds": [ids_name], "TableValues": [values_name]},
                       {"Out": [table]}, {"table": table, "op_role": FORWARD})
-        ops.insert(readers[0], op)
+        ops.insert(first, op)
         reads += [ids_name, values_name]
     program._bump()
     return reads

@@ -19,6 +19,19 @@ def optimize_for_execution(program):
     return _fuse_embedding_pool(program, ops)
 
 
+def table_readers(ops, table):
+    """Where ``ops`` look up ``table``: (index of the first ``lookup_table`` reading it, or
+    None, and the distinct Ids variable names of all its lookups, in order). Rewrites that
+    put a table read before its lookups (server prefetch, saved tables) start here."""
+    readers = [i for i, op in enumerate(ops) if op.type == "lookup_table" and op.input("W") == [table]]
+    id_vars = []
+    for i in readers:
+        for name in ops[i].input("Ids"):
+            if name not in id_vars:
+                id_vars.append(name)
+    return (readers[0] if readers else None), id_vars
+
+
 def _consumers(ops):
     users = {}
     for i, op in enumerate(ops):

@@ -105,6 +105,20 @@ def as_lod_tensor(name, value, dtype):
     )
 
 
+def flat_ids(values):
+    """The ids of several ``Ids`` inputs (LoDTensors or arrays; None skipped) as one flat
+    int64 array: what a table read for a whole batch needs."""
+    parts = []
+    for ids in values:
+        if isinstance(ids, LoDTensor):
+            parts.append(ids.values)
+        elif ids is not None:
+            parts.append(np.asarray(ids, dtype=np.int64).reshape(-1))
+    if not parts:
+        return np.zeros(0, np.int64)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
 class PrefetchedRows:
     """The rows of a server-side table that one batch needs: ``values[i]`` is row
     ``ids[i]``; ``ids`` sorted and unique. Lookup ops read a table through it on a

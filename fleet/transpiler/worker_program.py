@@ -12,6 +12,7 @@ The startup program loses the initializers of the parameters the servers own: th
 are pulled by ``init_worker``, and running the startup program afterwards must not
 overwrite them.
 """
+from fleet.framework.passes import table_readers
 from fleet.framework.program import FORWARD, OPTIMIZE, Operator
 from fleet.transpiler.plan import DENSE
 
@@ -43,18 +44,13 @@ def transpile_worker(main, startup, plan):
         ops[:] = kept
     # One prefetch per remote table, before its first reader.
     for table in sorted(remote):
-        readers = [i for i, op in enumerate(ops) if op.type == "lookup_table" and op.input("W") == [table]]
-        if not readers:
+        first, id_vars = table_readers(ops, table)
+        if first is None:
             continue
-        id_vars = []
-        for i in readers:
-            for name in ops[i].input("Ids"):
-                if name not in id_vars:
-                    id_vars.append(name)
         pre = Operator(block, PREFETCH, {"Ids": id_vars}, {"Out": [table]},
                        {"table": table, "op_role": FORWARD,
-                        "padding_idx": ops[readers[0]].attr("padding_idx", -1)})
-        ops.insert(readers[0], pre)
+                        "padding_idx": ops[first].attr("padding_idx", -1)})
+        ops.insert(first, pre)
     grads = [p.grad for p in plan.params.values() if p.grad in block.vars]
     if mode == "geo":
         sparse_grads = [p.grad for p in plan.params.values() if p.kind != DENSE and p.grad in block.vars]

@@ -11,7 +11,7 @@ import numpy as np
 
 from fleet.errors import DataError
 from fleet.framework.registry import OpDef, register_op
-from fleet.framework.tensor import LoDTensor, PrefetchedRows
+from fleet.framework.tensor import PrefetchedRows, flat_ids
 
 SAVED_TABLE_PREFETCH = "saved_table_prefetch"
 
@@ -47,12 +47,6 @@ class SavedTablePrefetch(OpDef):
     type = SAVED_TABLE_PREFETCH
 
     def forward(self, ctx):
-        parts = []
-        for ids in ctx.inputs("Ids"):
-            if isinstance(ids, LoDTensor):
-                parts.append(ids.values)
-            elif ids is not None:
-                parts.append(np.asarray(ids, dtype=np.int64).reshape(-1))
-        all_ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        all_ids = flat_ids(ctx.inputs("Ids"))
         rows = saved_rows(ctx.input("TableIds"), ctx.input("TableValues"), all_ids, ctx.attrs["table"])
         ctx.local[ctx.output_name("Out")] = rows
