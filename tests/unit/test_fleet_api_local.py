@@ -9,26 +9,12 @@ import pytest
 
 import fleet
 import fleet.base
-import fleet.framework as fw
 from fleet import layers, optimizer
 from fleet.errors import ConfigError, DataError
 from role_makers import LocalRoleMaker, PaddleCloudRoleMaker, Role, RoleMakerBase, UserDefinedRoleMaker
 from strategies import DistributedStrategyFactory, DistributeTranspilerConfig
 
-ROLE_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM",
-             "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT", "PADDLE_TRAINER_ENDPOINTS")
-
-
-@pytest.fixture(autouse=True)
-def fresh_fleet(monkeypatch):
-    """A new Fleet singleton, default programs and global scope for every test."""
-    monkeypatch.setattr(fleet.base, "fleet", fleet.base.Fleet())
-    for name in ROLE_VARS:
-        monkeypatch.delenv(name, raising=False)
-    fw.reset_default_programs()
-    with fw.scope_guard(fw.Scope()):
-        yield
-    fw.reset_default_programs()
+pytestmark = pytest.mark.usefixtures("fresh_fleet")
 
 
 class FakeWorkers(RoleMakerBase):

@@ -18,19 +18,7 @@ from fleet.framework.ops.saved_table import saved_rows
 from fleet.framework.program import deserialize_program, serialize_program
 from role_makers import LocalRoleMaker
 
-ROLE_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM",
-             "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT", "PADDLE_TRAINER_ENDPOINTS")
-
-
-@pytest.fixture(autouse=True)
-def fresh_fleet(monkeypatch):
-    monkeypatch.setattr(fleet.base, "fleet", fleet.base.Fleet())
-    for name in ROLE_VARS:
-        monkeypatch.delenv(name, raising=False)
-    fw.reset_default_programs()
-    with fw.scope_guard(fw.Scope()):
-        yield
-    fw.reset_default_programs()
+pytestmark = pytest.mark.usefixtures("fresh_fleet")
 
 
 def _model(distributed=False):
