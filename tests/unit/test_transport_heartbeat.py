@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from fleet.errors import ConfigError, FleetTimeoutError, ServerError, ServerLostError
+from fleet.errors import ConfigError, FleetTimeoutError, ServerError, ServerLostError, TransportError
 from fleet.transport import Client, Heartbeat, ServerSocket, serving as serve_with
 from fleet.transport import server as server_module
 from fleet.transport import settings
@@ -229,6 +229,19 @@ def test_a_wait_on_a_live_server_ends_when_another_server_of_the_job_dies():
             assert time.monotonic() - start < 0.2 + TIMEOUT_MS / 1000 + 2
 
 
+def _rebind(endpoint, within_s=5.0):
+    """A new ServerSocket on the port a closed one held: ZeroMQ releases a port in its I/O
+    thread after close returns, so the first bind attempts may find it still taken."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return ServerSocket(endpoint)
+        except TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_a_server_restarted_at_the_same_endpoint_counts_as_lost():
     first = ServerSocket("127.0.0.1:0")
     endpoint = first.endpoint
@@ -236,7 +249,7 @@ def test_a_server_restarted_at_the_same_endpoint_counts_as_lost():
         with serve_with(first, handler, poll_ms=20):
             time.sleep(0.2)
             assert beat.error is None
-        with serve_with(ServerSocket(endpoint), handler, poll_ms=20) as second:
+        with serve_with(_rebind(endpoint), handler, poll_ms=20) as second:
             wait_for_error(beat, 3)
             assert second.stats()["heartbeats"] >= 1  # it answered: not silence, another instance
         assert isinstance(beat.error, ServerLostError) and beat.error.endpoint == endpoint
