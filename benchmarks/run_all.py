@@ -50,9 +50,14 @@ def benchmarks(quick):
     ]
 
 
-def run_one(argv):
+def run_one(argv, timeout_s):
     t0 = time.time()
-    proc = subprocess.run([sys.executable, *argv], cwd=HERE, capture_output=True, text=True)
+    try:
+        proc = subprocess.run([sys.executable, *argv], cwd=HERE, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{argv[0]} did not finish within {timeout_s:g} s (run_all.py --timeout); "
+                         f"run it alone to see where it stops", "wall_seconds": round(time.time() - t0, 1)}
     seconds = round(time.time() - t0, 1)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -197,6 +202,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="smaller sizes: about 3 minutes")
     p.add_argument("--only", help="comma-separated benchmark names to run (default: all)")
     p.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one benchmark may take (default 1800)")
     args = p.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
     results = {}
@@ -205,7 +211,7 @@ def main(argv=None):
         if wanted is not None and name not in wanted:
             continue
         print(f"run_all: {name}: {' '.join(argv_)}", flush=True)
-        results[name] = run_one(argv_)
+        results[name] = run_one(argv_, args.timeout)
         print(json.dumps({"name": name, **results[name]}), flush=True)
     write_report(args.out, results, args, started)
     print(f"run_all: wrote {args.out}")
