@@ -57,6 +57,9 @@ class _Runner:
         self.plan = plan
         self.scope = scope
         self.local = {}
+        # Set by the dataset trainer on the runners of one batch split across Reduce
+        # threads (metric ops count the parts as one step); None otherwise.
+        self.step_group = None
         self.contexts = [(m, OpContext(op, self.local, scope, plan.persistable, self), opt)
                          for m, op, opt in plan.steps]
 
@@ -303,24 +306,42 @@ def feed_value(var, value):
     return arr
 
 
-def reduce_gradients(values, average=True):
+def reduce_gradients(values, average=True, weights=None):
     """Sums (or averages) gradients of one parameter from several threads or steps.
 
     Dense arrays are added with a numba kernel into a new array; SparseRows are
     concatenated (the optimizer merges duplicate rows).
+
+    Args:
+        values: the gradients (arrays of one shape, or SparseRows of one table).
+        average: divide the sum by ``len(values)``.
+        weights: instead of ``average``, one factor per gradient (e.g. each part's share of
+            a split batch, so the result is the whole batch's mean gradient).
     """
     first = values[0]
-    scale = 1.0 / len(values) if average else 1.0
+    if weights is None:
+        weights = [1.0 / len(values) if average else 1.0] * len(values)
     if isinstance(first, SparseRows):
         rows = np.concatenate([v.rows for v in values])
         vals = np.concatenate([v.values for v in values])
-        if scale != 1.0:
-            sparse_kernels.scale_into(vals.reshape(-1), scale)
+        if any(w != 1.0 for w in weights):
+            start = 0
+            for v, w in zip(values, weights):
+                part = vals[start:start + len(v.rows)]
+                start += len(v.rows)
+                if w != 1.0 and part.size:
+                    sparse_kernels.scale_into(part.reshape(-1), w)
         return SparseRows(rows, vals, first.height)
     out = np.array(first, dtype=np.float32, copy=True)
     flat = out.reshape(-1)
-    for v in values[1:]:
-        sparse_kernels.add_into(flat, np.ascontiguousarray(v, dtype=np.float32).reshape(-1))
-    if scale != 1.0:
-        sparse_kernels.scale_into(flat, scale)
+    if len(set(weights)) == 1:  # equal weights: add, then scale once
+        for v in values[1:]:
+            sparse_kernels.add_into(flat, np.ascontiguousarray(v, dtype=np.float32).reshape(-1))
+        if weights[0] != 1.0:
+            sparse_kernels.scale_into(flat, weights[0])
+        return out
+    sparse_kernels.scale_into(flat, weights[0])
+    for v, w in zip(values[1:], weights[1:]):
+        part = np.multiply(np.ascontiguousarray(v, dtype=np.float32), np.float32(w), dtype=np.float32)
+        sparse_kernels.add_into(flat, part.reshape(-1))
     return out

@@ -8,7 +8,10 @@ import time
 
 import numpy as np
 
+from fleet.errors import ConfigError
 from fleet.framework.executor import DATASET_BATCH_TIMEOUT_S, _Runner, feed_value, reduce_gradients
+from fleet.framework.tensor import LoDTensor
+from strategies.execution import ReduceStrategy
 
 log = logging.getLogger("fleet")
 
@@ -47,6 +50,41 @@ def _batch_size(feed):
     return 0
 
 
+def split_batch(feed, parts):
+    """Splits a batch into at most ``parts`` consecutive batches whose sizes differ by at
+    most one example (Paddle's ParallelExecutor splits its feed across devices so).
+
+    Returns:
+        A list of feed dicts, none empty (fewer than ``parts`` when the batch is smaller).
+    """
+    n = _batch_size(feed)
+    parts = max(1, min(int(parts), n))
+    if parts == 1:
+        return [feed]
+    bounds = [n * i // parts for i in range(parts + 1)]
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        piece = {}
+        for name, value in feed.items():
+            if isinstance(value, LoDTensor):
+                lo, hi = int(value.offsets[a]), int(value.offsets[b])
+                piece[name] = LoDTensor(value.values[lo:hi], value.offsets[a:b + 1] - lo)
+            else:
+                piece[name] = value[a:b]
+        out.append(piece)
+    return out
+
+
+def serial_threads_requested():
+    """True when FLEET_SERIAL_THREADS=1: training threads take turns, one whole step at a
+    time in the order the batches come (results equal one thread's, bit for bit)."""
+    raw = os.environ.get("FLEET_SERIAL_THREADS", "0").strip()
+    if raw not in ("0", "1", ""):
+        raise ConfigError(f"FLEET_SERIAL_THREADS={raw!r} must be 0 or 1 (1: training threads "
+                          f"take turns, one step at a time, for debugging accuracy)")
+    return raw == "1"
+
+
 class DatasetTrainer:
     """Runs one pass of a program over a dataset with N threads (Hogwild or Reduce)."""
 
@@ -76,9 +114,15 @@ class DatasetTrainer:
         build = getattr(program, "_build_strategy", None)
         reduce_strategy = getattr(build, "reduce_strategy", None)
         self.dist = getattr(program, "_dist_info", None)
-        # Sync and half-async workers average their threads' gradients every step.
-        barrier = bool(getattr(self.dist, "requires_thread_barrier", False))
-        self.reduce = threads > 1 and (barrier or getattr(reduce_strategy, "name", str(reduce_strategy)).endswith("Reduce"))
+        # Sync and half-async workers average their threads' gradients every step, each
+        # thread on a batch of its own (Paddle's communicator). Reduce (a build strategy of
+        # local training) splits each batch across the threads instead, so an update is
+        # made from one batch, as with one thread (Paddle's ParallelExecutor).
+        self.barrier = bool(getattr(self.dist, "requires_thread_barrier", False))
+        self.split = not self.barrier and reduce_strategy == ReduceStrategy.Reduce
+        self.reduce = threads > 1 and (self.barrier or self.split)
+        self.serial = serial_threads_requested()
+        self._turn = threading.Lock() if self.serial else contextlib.nullcontext()
 
     # ---------------------------------------------------------------- helpers
     def _feed(self, runner, batch):
@@ -120,12 +164,13 @@ class DatasetTrainer:
         runner = _Runner(self.plan, self.scope.new_scope())
         try:
             while not self._stop.is_set():
-                batch = self._next(source)
-                if batch is None:
-                    break
-                n = self._feed(runner, batch)
-                runner.run()
-                self._record(runner, n)
+                with self._turn:  # FLEET_SERIAL_THREADS: one whole step at a time
+                    batch = self._next(source)
+                    if batch is None:
+                        break
+                    n = self._feed(runner, batch)
+                    runner.run()
+                    self._record(runner, n)
                 if index == 0:
                     self._runner0 = runner
         except BaseException as e:  # noqa: BLE001 - re-raised by run() in the caller
@@ -141,15 +186,14 @@ class DatasetTrainer:
 
         with ThreadPoolExecutor(self.threads, thread_name_prefix="fleet-train") as pool:
             while not self._stop.is_set():
-                batches = []
-                for _ in range(self.threads):
-                    batch = self._next(source)
-                    if batch is None:
-                        break
-                    batches.append(batch)
+                batches = self._next_group(source)
                 if not batches:
                     break
                 active = runners[: len(batches)]
+                if self.split:
+                    group = (id(self), self._batches)
+                    for r in active:
+                        r.step_group = group
 
                 def compute(pair):
                     runner, batch = pair
@@ -157,17 +201,42 @@ class DatasetTrainer:
                     runner.run(optimize=False)
                     return n
 
-                sizes = list(pool.map(compute, zip(active, batches)))
+                if self.serial:
+                    sizes = [compute(pair) for pair in zip(active, batches)]
+                else:
+                    sizes = list(pool.map(compute, zip(active, batches)))
                 lead = active[0]
+                # A split batch's parts are weighted by their share of its examples, so the
+                # update is the whole batch's mean gradient (as one thread computes it).
+                shares = [n / sum(sizes) for n in sizes] if self.split else None
                 for name in self.plan.grad_names:
-                    values = [r.local.get(name) for r in active]
-                    values = [v for v in values if v is not None]
-                    if values:
-                        lead.local[name] = reduce_gradients(values) if len(values) > 1 else values[0]
+                    got = [(r.local.get(name), i) for i, r in enumerate(active)]
+                    got = [(v, i) for v, i in got if v is not None]
+                    if len(got) > 1 or (got and shares):
+                        weights = [shares[i] for _, i in got] if shares else None
+                        lead.local[name] = reduce_gradients([v for v, _ in got], weights=weights)
+                    elif got:
+                        lead.local[name] = got[0][0]
                 lead.run(compute=False)
-                for runner, n in zip(active, sizes):
-                    self._record(runner, n)
+                if self.split:
+                    self._record(lead, sum(sizes))
+                else:
+                    for runner, n in zip(active, sizes):
+                        self._record(runner, n)
                 self._runner0 = lead
+
+    def _next_group(self, source):
+        """The batches of one reduce step: one per thread, or one batch split across them."""
+        if self.split:
+            batch = self._next(source)
+            return [] if batch is None else split_batch(batch, self.threads)
+        batches = []
+        for _ in range(self.threads):
+            batch = self._next(source)
+            if batch is None:
+                break
+            batches.append(batch)
+        return batches
 
     def _monitor(self):
         handler = self.fetch_handler

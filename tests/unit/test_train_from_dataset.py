@@ -38,7 +38,7 @@ def data(tmp_path_factory):
     return train, test
 
 
-def _model():
+def _model(seed=5):
     fw.unique_name.reset()
     main, startup = fw.Program(), fw.Program()
     with fw.program_guard(main, startup):
@@ -52,7 +52,7 @@ def _model():
         loss = layers.mean(layers.cross_entropy(pred, y))
         auc, _, states = layers.auc(pred, y)
         optimizer.Adam(0.02, lazy_mode=True).minimize(loss)
-    startup.random_seed = 5
+    startup.random_seed = seed
     return main, startup, [x, *slots, y], loss, pred, auc, states
 
 
@@ -79,35 +79,44 @@ def _test_auc(main, inputs, pred, scope, test_file):
                           np.bincount(bins[labels == 0], minlength=4096))
 
 
-def _train(data, threads, reduce=False, epochs=2):
+def _train(data, threads, reduce=False, epochs=2, seed=5, producers=None):
     train, test = data
-    main, startup, inputs, loss, pred, auc, _ = _model()
+    main, startup, inputs, loss, pred, auc, _ = _model(seed)
     if reduce:
         main._build_strategy = BuildStrategy()
         main._build_strategy.reduce_strategy = ReduceStrategy.Reduce
     scope = fw.Scope()
     exe = fw.Executor()
     exe.run(startup, scope=scope)
-    ds = _dataset(inputs, train, threads)
+    ds = _dataset(inputs, train, producers or threads)
     summaries = [exe.train_from_dataset(main, ds, scope=scope, thread=threads, print_period=0)
                  for _ in range(epochs)]
     return _test_auc(main, inputs, pred, scope, test), summaries
 
 
 def test_hogwild_and_reduce_reach_the_auc_of_one_thread(data):
-    single, s1 = _train(data, 1)
-    hogwild, s2 = _train(data, 2)
-    reduced, s3 = _train(data, 2, reduce=True)
-    assert single > 0.75  # it learned the planted signal
-    assert abs(hogwild - single) < 0.01, (single, hogwild)
-    assert abs(reduced - single) < 0.01, (single, reduced)
-    for summaries in (s1, s2, s3):  # every example of every pass was trained on once
-        assert [s["examples"] for s in summaries] == [12000, 12000]
+    """Mean test AUC over three initial seeds: 2 threads (Hogwild or Reduce) within 0.005
+    of 1 thread (Hogwild's own run-to-run spread here is about 0.003). One producer, so the
+    batches come in the same order and only the training threads differ."""
+    runs = {"single": [], "hogwild": [], "reduce": []}
+    for seed in (5, 6, 7):
+        single, s1 = _train(data, 1, seed=seed, producers=1)
+        hogwild, s2 = _train(data, 2, seed=seed, producers=1)
+        reduced, s3 = _train(data, 2, reduce=True, seed=seed, producers=1)
+        runs["single"].append(single)
+        runs["hogwild"].append(hogwild)
+        runs["reduce"].append(reduced)
+        for summaries in (s1, s2, s3):  # every example of every pass was trained on once
+            assert [s["examples"] for s in summaries] == [12000, 12000]
+    mean = {k: float(np.mean(v)) for k, v in runs.items()}
+    assert mean["single"] > 0.75  # it learned the planted signal
+    assert abs(mean["hogwild"] - mean["single"]) < 0.005, runs
+    assert abs(mean["reduce"] - mean["single"]) < 0.005, runs
 
 
-def test_reduce_with_one_batch_per_thread_equals_one_step_on_the_averaged_gradient(data):
-    """Reduce averages the threads' gradients and applies them once: with SGD that equals
-    a step on the mean of the per-batch gradients."""
+def test_reduce_splits_each_batch_across_the_threads_and_updates_once_per_batch(data):
+    """Reduce (Paddle's ParallelExecutor): the threads share each batch and its mean
+    gradient is applied once, so a pass makes as many updates as one thread's."""
     train, _ = data
     main, startup, inputs, loss, pred, auc, _ = _model()
     main._build_strategy = BuildStrategy()
@@ -117,12 +126,12 @@ def test_reduce_with_one_batch_per_thread_equals_one_step_on_the_averaged_gradie
     exe.run(startup, scope=scope)
     before = scope["t"].copy()
     ds = _dataset(inputs, [train[0]], 2)
-    ds.set_batch_size(1500)  # the file is exactly two batches: one per thread
+    ds.set_batch_size(1500)  # the file is exactly two batches
     summary = exe.train_from_dataset(main, ds, scope=scope, thread=2, print_period=0)
-    assert summary["batches"] == 2
+    assert (summary["batches"], summary["examples"]) == (2, 3000)
     assert not np.array_equal(before, scope["t"])
-    # the Adam step count is one: both threads' gradients went into a single update
-    assert scope["t_beta1_pow_0"][0] == pytest.approx(0.9 ** 2)
+    # Adam's beta power: one multiplication per update, two updates
+    assert scope["t_beta1_pow_0"][0] == pytest.approx(0.9 ** 3)
 
 
 def test_progress_lines_show_examples_per_second_and_fetched_values(data, capsys):

@@ -7,6 +7,7 @@ from fleet.framework.registry import OpDef, register_op
 
 _AUC_LOCKS = {}
 _AUC_LOCKS_GUARD = threading.Lock()
+_LAST_GROUP = {}  # window state name -> the step group that last wrote it
 
 
 def _lock_for(name):
@@ -76,11 +77,21 @@ class Auc(OpDef):
             stat_pos += batch_pos
             stat_neg += batch_neg
             # Row 0 of the window holds the step counter's slot index; rows 1.. the steps.
+            # The parts of one batch split across Reduce threads share a step group and
+            # add into one slot, so the window counts batches whatever the thread count.
             slide = win_pos.shape[0] - 1
-            slot = 1 + int(win_pos[0, 0]) % slide
-            win_pos[0, 0] += 1
-            win_pos[slot] = batch_pos
-            win_neg[slot] = batch_neg
+            group = getattr(ctx.runner, "step_group", None)
+            key = ctx.input_name("BatchStatPos")
+            if group is not None and _LAST_GROUP.get(key) == group:
+                slot = 1 + (int(win_pos[0, 0]) - 1) % slide
+                win_pos[slot] += batch_pos
+                win_neg[slot] += batch_neg
+            else:
+                slot = 1 + int(win_pos[0, 0]) % slide
+                win_pos[0, 0] += 1
+                win_pos[slot] = batch_pos
+                win_neg[slot] = batch_neg
+            _LAST_GROUP[key] = group
             auc = auc_from_stats(stat_pos, stat_neg)
             batch_auc = auc_from_stats(win_pos[1:].sum(axis=0), win_neg[1:].sum(axis=0))
         ctx.set_output("AUC", np.array([auc], dtype=np.float64))
