@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from fleet.optimizer.rules import SGDRule
+from fleet.rules import SGDRule
 from fleet.tables import SparseTable
 
 DIM = 10

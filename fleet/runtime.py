@@ -26,7 +26,7 @@ from fleet.framework.executor import Executor
 from fleet.framework.inference import MODEL_FILE, manifest_extra, persistable_names, use_saved_tables
 from fleet.framework.program import serialize_program
 from fleet.framework.scope import Scope, global_scope
-from fleet.optimizer.rules import rule_from_op_attrs
+from fleet.rules import rule_from_op_attrs
 from fleet.server.checkpoint import initial_values, state_var
 from fleet.server.parameter_server import ParameterServer
 from fleet.transpiler.plan import DISTRIBUTED, SPARSE, build_plan
@@ -67,7 +67,7 @@ class WorkerRuntime:
             strategy.mode, plan, worker_id, global_scope(), flags,
             connect=lambda ep: Client(ep, worker_id, curve=curve, liveness=heartbeat),
             update_frequency=update_frequency, liveness=heartbeat)
-        self.program._dist_info = self.comm
+        self.program.training_hooks = self.comm
         self.started = False
 
     def programs(self):

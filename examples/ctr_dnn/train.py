@@ -30,7 +30,8 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch_size", type=int, default=1000,
                    help="examples per parameter update (default 1000); in sync mode one update averages "
-                        "every worker's and thread's batch, so each thread reads batch_size / (workers x threads)")
+                        "every worker's and thread's batch, so each thread reads batch_size / (workers x threads); "
+                        "half-async averages a worker's threads: batch_size / threads")
     p.add_argument("--threads", type=int, default=2, help="training threads per worker")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adagrad"])
@@ -68,15 +69,16 @@ class MetricsLog(fleet.FetchHandler):
 
 
 def thread_batch_size(args):
-    """Each training thread's batch: ``--batch_size`` examples per update. Sync averages the
-    batches of every thread of every worker into one update, so there they are smaller and
-    the run makes as many updates of the same size as local training does."""
-    if args.strategy != "sync" or fleet.is_local():
+    """Each training thread's batch: ``--batch_size`` examples per parameter update. Sync
+    averages the batches of every thread of every worker into one update, half-async the
+    batches of a worker's threads, so there each thread reads its share and the run makes
+    as many updates of the same size as local training does."""
+    if fleet.is_local() or args.strategy not in ("sync", "half_async"):
         return args.batch_size
-    share = fleet.worker_num() * args.threads
+    share = args.threads * (fleet.worker_num() if args.strategy == "sync" else 1)
     if args.batch_size < share:
-        raise SystemExit(f"--batch_size {args.batch_size} is smaller than workers x threads = {share}: "
-                         f"sync needs at least one example per thread")
+        raise SystemExit(f"--batch_size {args.batch_size} is smaller than the {share} threads whose batches "
+                         f"one {args.strategy} update averages: it needs at least one example per thread")
     return args.batch_size // share
 
 
@@ -103,8 +105,8 @@ def main(argv=None):
     dataset.set_data_format("criteo", hash_dim=args.sparse_feature_dim)
     batch_size = thread_batch_size(args)
     if batch_size != args.batch_size and fleet.is_first_worker():
-        print(f"sync: {fleet.worker_num()} workers x {args.threads} threads x batch {batch_size} "
-              f"= {batch_size * fleet.worker_num() * args.threads} examples per update", flush=True)
+        print(f"{args.strategy}: each thread reads batch {batch_size} of the {args.batch_size} examples "
+              f"one update averages", flush=True)
     dataset.set_batch_size(batch_size)
     dataset.set_thread(args.threads)
     dataset.set_filelist(my_files)

@@ -21,13 +21,14 @@ import threading
 import numpy as np
 
 from fleet.errors import ConfigError, DataError
+from fleet.framework.hooks import TrainingHooks
 from fleet.framework.tensor import PrefetchedRows, SparseRows
 from fleet.transpiler.plan import DENSE, DISTRIBUTED, SPARSE
 
 log = logging.getLogger("fleet")
 
 
-class Communicator:
+class Communicator(TrainingHooks):
     """Base of the four strategies' communicators.
 
     Args:
@@ -41,7 +42,6 @@ class Communicator:
     """
 
     mode = None
-    requires_thread_barrier = False  # sync / half-async: threads meet each step
 
     def __init__(self, plan, worker_id, scope, flags, connect, liveness=None):
         self.plan = plan
@@ -388,12 +388,7 @@ class Communicator:
         reply = self._all({self.endpoints[0]: ("all_to_all", [f"to{j}" for j in range(len(arrays))], arrays, None)})
         return [a.tobytes() for a in reply[self.endpoints[0]].arrays]
 
-    # hooks of train_from_dataset
-    def begin_pass(self, threads):
-        pass
-
-    def thread_finished(self):
-        pass
-
+    # ------------------------------------------------------------------ TrainingHooks
     def end_pass(self):
+        """Sends what is queued (async / GEO) before train_from_dataset returns."""
         self.flush()

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from fleet.errors import FleetTimeoutError
-from fleet.framework.executor import reduce_gradients
+from fleet.framework.runner import reduce_gradients
 from fleet.framework.tensor import SparseRows
 from fleet.communicator.base import Communicator
 from fleet.transpiler.plan import DENSE, SPARSE

@@ -1,6 +1,6 @@
 """The ops a worker's transpiled program runs to talk to the servers.
 
-They reach the worker's communicator through ``program._dist_info`` (set by the runtime),
+They reach the worker's communicator through ``program.training_hooks`` (set by the runtime),
 so a test clone of the program (``clone(for_test=True)``) prefetches with the same
 communicator and sends nothing (its ``send`` op is dropped with the optimizer role).
 """
@@ -10,7 +10,7 @@ from fleet.framework.tensor import flat_ids
 
 
 def _communicator(ctx):
-    comm = ctx.op.block.program._dist_info
+    comm = ctx.op.block.program.training_hooks
     if comm is None or not comm.running:
         raise ConfigError(
             "this worker is not connected to the servers: call fleet.init_worker() before "

@@ -261,7 +261,8 @@ class Program:
         self._is_distributed = False
         self._is_test = False
         self._fleet_opt = None
-        self._dist_info = None  # the communicator of a distributed worker's program
+        # A distributed worker's communicator (fleet.framework.hooks.TrainingHooks), or None.
+        self.training_hooks = None
         self._build_strategy = None  # how train_from_dataset combines threads
 
     def _bump(self):
@@ -322,7 +323,7 @@ class Program:
         new._paired = self._paired
         new._is_distributed = self._is_distributed
         new._fleet_opt = self._fleet_opt
-        new._dist_info = self._dist_info
+        new.training_hooks = self.training_hooks
         new._build_strategy = self._build_strategy
         new._is_test = for_test
         src, dst = self.global_block(), new.global_block()

@@ -9,11 +9,16 @@ import time
 import numpy as np
 
 from fleet.errors import ConfigError
-from fleet.framework.executor import DATASET_BATCH_TIMEOUT_S, _Runner, feed_value, reduce_gradients
+from fleet.framework.hooks import TrainingHooks
+from fleet.framework.runner import Runner, feed_value, reduce_gradients
 from fleet.framework.tensor import LoDTensor
 from strategies.execution import ReduceStrategy
 
 log = logging.getLogger("fleet")
+
+# How long a training thread waits for the dataset's next batch before it reports the
+# producers that are stuck (a pipe command that never ends, a file on a dead mount).
+DATASET_BATCH_TIMEOUT_S = 600.0
 
 
 class FetchHandler:
@@ -88,8 +93,8 @@ def serial_threads_requested():
 class DatasetTrainer:
     """Runs one pass of a program over a dataset with N threads (Hogwild or Reduce)."""
 
-    def __init__(self, executor, program, dataset, scope, threads, fetch_list, fetch_info,
-                 print_period, fetch_handler, debug):
+    def __init__(self, plan, program, dataset, scope, threads, fetch_list, fetch_info,
+                 print_period, fetch_handler, debug, executor=None):
         self.executor = executor
         self.program = program
         self.dataset = dataset
@@ -100,7 +105,7 @@ class DatasetTrainer:
         self.print_period = max(int(print_period or 0), 0)
         self.fetch_handler = fetch_handler
         self.debug = debug
-        self.plan = executor._plan(program)
+        self.plan = plan
         self.block = program.global_block()
         self._lock = threading.Lock()
         self._batches = 0
@@ -113,12 +118,12 @@ class DatasetTrainer:
         self.checkpoint = None  # a CheckpointConfig: after_step(executor) after every batch
         build = getattr(program, "_build_strategy", None)
         reduce_strategy = getattr(build, "reduce_strategy", None)
-        self.dist = getattr(program, "_dist_info", None)
+        self.hooks = program.training_hooks or TrainingHooks()
         # Sync and half-async workers average their threads' gradients every step, each
         # thread on a batch of its own (Paddle's communicator). Reduce (a build strategy of
         # local training) splits each batch across the threads instead, so an update is
         # made from one batch, as with one thread (Paddle's ParallelExecutor).
-        self.barrier = bool(getattr(self.dist, "requires_thread_barrier", False))
+        self.barrier = self.hooks.requires_thread_barrier
         self.split = not self.barrier and reduce_strategy == ReduceStrategy.Reduce
         self.reduce = threads > 1 and (self.barrier or self.split)
         self.serial = serial_threads_requested()
@@ -161,7 +166,7 @@ class DatasetTrainer:
         return source.get(DATASET_BATCH_TIMEOUT_S)
 
     def _hogwild_loop(self, source, index):
-        runner = _Runner(self.plan, self.scope.new_scope())
+        runner = Runner(self.plan, self.scope.new_scope())
         try:
             while not self._stop.is_set():
                 with self._turn:  # FLEET_SERIAL_THREADS: one whole step at a time
@@ -177,11 +182,10 @@ class DatasetTrainer:
             self._errors.append(e)
             self._stop.set()
         finally:
-            if self.dist is not None and hasattr(self.dist, "thread_finished"):
-                self.dist.thread_finished()
+            self.hooks.thread_finished()
 
     def _reduce_loop(self, source):
-        runners = [_Runner(self.plan, self.scope.new_scope()) for _ in range(self.threads)]
+        runners = [Runner(self.plan, self.scope.new_scope()) for _ in range(self.threads)]
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(self.threads, thread_name_prefix="fleet-train") as pool:
@@ -275,8 +279,7 @@ class DatasetTrainer:
 
     def _run(self):
         source = self.dataset._open_pass(self.threads)
-        if self.dist is not None and hasattr(self.dist, "begin_pass"):
-            self.dist.begin_pass(self.threads)
+        self.hooks.begin_pass(self.threads)
         if sys.stdout.isatty() and self.print_period:
             try:
                 from tqdm import tqdm
@@ -310,8 +313,7 @@ class DatasetTrainer:
                 monitor.join(timeout=5)
             if self._bar is not None:
                 self._bar.close()
-            if self.dist is not None and hasattr(self.dist, "end_pass"):
-                self.dist.end_pass()
+            self.hooks.end_pass()
         if self._errors:
             raise self._errors[0]
         elapsed = time.perf_counter() - self._t0

@@ -1,11 +1,11 @@
 """Optimizers (Paddle's ``fluid.optimizer``): ``minimize(loss)`` appends the backward ops
-and one update op per parameter. The update arithmetic is ``fleet.optimizer.rules``,
+and one update op per parameter. The update arithmetic is ``fleet.rules``,
 the same code servers run."""
 from fleet.errors import ConfigError
 from fleet.framework.backward import append_backward
 from fleet.framework.program import OPTIMIZE, Variable, default_startup_program
 from fleet.initializer import Constant
-from fleet.optimizer.rules import AdagradRule, AdamRule, MomentumRule, SGDRule
+from fleet.rules import AdagradRule, AdamRule, MomentumRule, SGDRule
 
 
 class Optimizer:

@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from fleet.errors import ConfigError, DataError, FleetError
-from fleet.optimizer.rules import rule_from_op_attrs
+from fleet.rules import rule_from_op_attrs
 from fleet.server.checkpoint import ShardCursor, load_server_state
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable

@@ -3,7 +3,7 @@
 ``SparseTable`` (int64 id -> row, created on first use, optimizer state per row),
 ``DenseTable`` (a block of a dense parameter with its optimizer state) and
 ``ChangeTracker`` (rows changed since a worker's last pull, for GEO). Tables take an
-optimizer rule from ``fleet.optimizer.rules`` and never touch the network.
+optimizer rule from ``fleet.rules`` and never touch the network.
 """
 from fleet.tables.changes import ChangeTracker
 from fleet.tables.dense_table import DenseTable

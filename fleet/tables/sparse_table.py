@@ -79,7 +79,7 @@ class SparseTable:
     Args:
         name: the table's parameter name (used in messages).
         dim: row width.
-        rule: optimizer rule (``fleet.optimizer.rules``: ``state_names``, ``init_state``,
+        rule: optimizer rule (``fleet.rules``: ``state_names``, ``init_state``,
             ``apply_sparse``).
         initializer: initial value spec, see ``parse_initializer``.
         seed: seed of the initial values (row value = f(seed, id)).

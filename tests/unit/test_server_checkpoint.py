@@ -329,7 +329,7 @@ def test_a_new_read_of_a_table_replaces_an_unfinished_one():
 
 
 def test_a_table_read_covers_the_rows_that_existed_when_it_began():
-    from fleet.optimizer.rules import AdamRule
+    from fleet.rules import AdamRule
 
     table = SparseTable("t", 2, AdamRule(), ("uniform", -1.0, 1.0), seed=3)
     table.pull(np.arange(10))

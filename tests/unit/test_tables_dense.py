@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fleet.errors import ConfigError, DataError
-from fleet.optimizer.rules import AdamRule, MomentumRule, SGDRule
+from fleet.rules import AdamRule, MomentumRule, SGDRule
 from fleet.tables import ChangeTracker, DenseTable
 
 

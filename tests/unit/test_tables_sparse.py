@@ -8,7 +8,7 @@ import pytest
 from fleet.errors import ConfigError, DataError
 from fleet.kernels import hashtable as ht
 from fleet.kernels import reserved_array
-from fleet.optimizer.rules import AdagradRule, AdamRule, SGDRule
+from fleet.rules import AdagradRule, AdamRule, SGDRule
 from fleet.tables import SparseTable
 from fleet.tables.sparse_table import parse_initializer
 

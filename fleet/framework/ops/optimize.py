@@ -1,7 +1,7 @@
-"""Optimizer ops: one per parameter, applying a ``fleet.optimizer.rules`` rule in place."""
+"""Optimizer ops: one per parameter, applying a ``fleet.rules`` rule in place."""
 from fleet.framework.registry import OpDef, register_op
 from fleet.framework.tensor import SparseRows
-from fleet.optimizer.rules import rule_from_op_attrs
+from fleet.rules import rule_from_op_attrs
 
 class _OptimizerOp(OpDef):
     """Inputs: Param, Grad and one slot per rule state; attr learning_rate (already

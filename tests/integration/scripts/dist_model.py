@@ -83,7 +83,7 @@ else:
     if fleet.is_local():
         arrays["emb"] = scope["emb"]
     else:
-        comm = fleet.main_program._dist_info
+        comm = fleet.main_program.training_hooks
         comm.flush()
         fleet.barrier_worker()  # every worker's updates are on the servers
         comm.pull_dense()

@@ -104,7 +104,7 @@ else:
             record("training")
         if step_sleep:
             time.sleep(step_sleep)
-    comm = fleet.main_program._dist_info
+    comm = fleet.main_program.training_hooks
     comm.flush()
     fleet.barrier_worker()  # every worker's updates are on the servers
     comm.pull_dense()

@@ -1,0 +1,139 @@
+"""Running a prepared program: the op methods in order (``Plan``), one thread's
+temporaries (``Runner``), converting fed values, and combining threads' gradients.
+
+``Executor.run`` and the dataset trainer both run programs through these; neither imports
+the other's internals.
+"""
+import numpy as np
+
+from fleet.errors import DataError
+from fleet.framework import passes
+from fleet.framework.context import OpContext
+from fleet.framework.program import OPTIMIZE
+from fleet.framework.registry import get_op_def, has_op
+from fleet.framework.tensor import LoDTensor, SparseRows, as_lod_tensor
+from fleet.kernels import sparse as sparse_kernels
+
+_NP_DTYPES = {"float32": np.float32, "int64": np.int64, "float64": np.float64,
+              "int32": np.int32, "bool": np.bool_}
+
+
+class Plan:
+    """A program prepared for running: the op methods in order, split by role."""
+
+    def __init__(self, program):
+        block = program.global_block()
+        ops = passes.optimize_for_execution(program)
+        self.persistable = frozenset(n for n, v in block.vars.items() if v.persistable)
+        self.data_vars = {n: v for n, v in block.vars.items() if v.is_data}
+        self.steps = []  # (method, op, is_optimize)
+        for op in ops:
+            opdef = get_op_def(op.type)
+            is_grad = op.type.endswith("_grad") and not has_op(op.type)
+            method = opdef.backward if is_grad else opdef.forward
+            self.steps.append((method, op, op.attr("op_role") == OPTIMIZE))
+        self.grad_names = [op.input("Grad")[0] for _, op, opt in self.steps if opt and op.input("Grad")]
+
+
+class Runner:
+    """Runs a plan with one private dict of temporaries (one per thread and scope)."""
+
+    def __init__(self, plan, scope):
+        self.plan = plan
+        self.scope = scope
+        self.local = {}
+        # Set by the dataset trainer on the runners of one batch split across Reduce
+        # threads (metric ops count the parts as one step); None otherwise.
+        self.step_group = None
+        self.contexts = [(m, OpContext(op, self.local, scope, plan.persistable, self), opt)
+                         for m, op, opt in plan.steps]
+
+    def run(self, optimize=True, compute=True):
+        for method, ctx, is_opt in self.contexts:
+            if (optimize if is_opt else compute):
+                method(ctx)
+
+    def value(self, name):
+        value = self.local.get(name)
+        return self.scope.find_var(name) if value is None else value
+
+
+def feed_value(var, value):
+    """Converts a fed value to what ops of ``var`` consume, validating it against ``var``.
+
+    Raises:
+        DataError: wrong shape or a value that cannot be converted; the message names the
+            variable, the shape seen and the shape expected.
+    """
+    dtype = _NP_DTYPES[var.dtype]
+    if var.lod_level:
+        return as_lod_tensor(var.name, value, dtype)
+    if isinstance(value, LoDTensor):
+        raise DataError(f"feed {var.name!r} is a lod_level=0 input; feed an array, not a LoDTensor")
+    if dtype == np.int64 and isinstance(value, np.ndarray) and value.dtype.kind == "f":
+        if not np.array_equal(value, np.round(value)):
+            raise DataError(
+                f"feed {var.name!r} is int64 (ids or class labels) but got non-integer floats; "
+                f"feed integers (e.g. labels 0/1 as int64)")
+    try:
+        arr = np.ascontiguousarray(value, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise DataError(f"feed {var.name!r}: cannot convert {type(value).__name__} to {var.dtype}: {e}") from e
+    want = var.shape
+    if want and want[0] == -1 and arr.ndim >= 1:
+        rest = tuple(want[1:])
+        if arr.shape[1:] != rest:
+            per_example = int(np.prod(rest)) if rest else 1
+            if arr.size == arr.shape[0] * per_example and -1 not in rest:
+                arr = arr.reshape((arr.shape[0],) + rest)
+            else:
+                raise DataError(
+                    f"feed {var.name!r} has shape {list(arr.shape)} but the variable is "
+                    f"{list(want)}; feed an array of shape [batch, {', '.join(map(str, rest))}]"
+                )
+    elif want and -1 not in want and arr.shape != want:
+        if arr.size != int(np.prod(want)):
+            raise DataError(f"feed {var.name!r} has shape {list(arr.shape)}, expected {list(want)}")
+        arr = arr.reshape(want)
+    return arr
+
+
+def reduce_gradients(values, average=True, weights=None):
+    """Sums (or averages) gradients of one parameter from several threads or steps.
+
+    Dense arrays are added with a numba kernel into a new array; SparseRows are
+    concatenated (the optimizer merges duplicate rows).
+
+    Args:
+        values: the gradients (arrays of one shape, or SparseRows of one table).
+        average: divide the sum by ``len(values)``.
+        weights: instead of ``average``, one factor per gradient (e.g. each part's share of
+            a split batch, so the result is the whole batch's mean gradient).
+    """
+    first = values[0]
+    if weights is None:
+        weights = [1.0 / len(values) if average else 1.0] * len(values)
+    if isinstance(first, SparseRows):
+        rows = np.concatenate([v.rows for v in values])
+        vals = np.concatenate([v.values for v in values])
+        if any(w != 1.0 for w in weights):
+            start = 0
+            for v, w in zip(values, weights):
+                part = vals[start:start + len(v.rows)]
+                start += len(v.rows)
+                if w != 1.0 and part.size:
+                    sparse_kernels.scale_into(part.reshape(-1), w)
+        return SparseRows(rows, vals, first.height)
+    out = np.array(first, dtype=np.float32, copy=True)
+    flat = out.reshape(-1)
+    if len(set(weights)) == 1:  # equal weights: add, then scale once
+        for v in values[1:]:
+            sparse_kernels.add_into(flat, np.ascontiguousarray(v, dtype=np.float32).reshape(-1))
+        if weights[0] != 1.0:
+            sparse_kernels.scale_into(flat, weights[0])
+        return out
+    sparse_kernels.scale_into(flat, weights[0])
+    for v, w in zip(values[1:], weights[1:]):
+        part = np.multiply(np.ascontiguousarray(v, dtype=np.float32), np.float32(w), dtype=np.float32)
+        sparse_kernels.add_into(flat, part.reshape(-1))
+    return out
