@@ -68,6 +68,10 @@ class WorkerRuntime:
             connect=lambda ep: Client(ep, worker_id, curve=curve, liveness=heartbeat),
             update_frequency=update_frequency, liveness=heartbeat)
         self.program.training_hooks = self.comm
+        block = self.program.global_block()
+        self.comm.set_prefetch_inputs({
+            op.attr("table"): op.input("Ids") for op in block.ops if op.type == "prefetch"
+            and all(block.vars[n].is_data for n in op.input("Ids"))})
         self.started = False
 
     def programs(self):

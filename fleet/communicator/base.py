@@ -58,6 +58,7 @@ class Communicator(TrainingHooks):
         self.stats = {"requests": 0, "sends": 0, "pulls": 0, "prefetches": 0}
         self._stats_lock = threading.Lock()
         self.dense = [p for p in plan.params.values() if p.kind == DENSE]
+        self.prefetch_inputs = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
@@ -323,10 +324,14 @@ class Communicator(TrainingHooks):
         Raises:
             DataError: an id outside an is_sparse table's rows (names table and id).
         """
+        uniq = np.unique(np.asarray(ids, dtype=np.int64))
+        return self.pull_rows(table, uniq, is_test)
+
+    def pull_rows(self, table, uniq, is_test=False):
+        """``prefetch`` of ids that are already sorted and unique (blocks)."""
         pplan = self.plan.params.get(table)
         if pplan is None:
             raise ConfigError(f"table {table!r} is not in this job's plan")
-        uniq = np.unique(np.asarray(ids, dtype=np.int64))
         width = pplan.width
         values = np.empty((len(uniq), width), dtype=np.float32)
         if pplan.kind == SPARSE and len(uniq) and (uniq[0] < 0 or uniq[-1] >= pplan.rows):
@@ -387,6 +392,11 @@ class Communicator(TrainingHooks):
         arrays = [np.frombuffer(bytes(b), dtype=np.uint8) for b in blobs]
         reply = self._all({self.endpoints[0]: ("all_to_all", [f"to{j}" for j in range(len(arrays))], arrays, None)})
         return [a.tobytes() for a in reply[self.endpoints[0]].arrays]
+
+    def set_prefetch_inputs(self, tables):
+        """Declares which fed variables hold the ids each table's prefetch reads:
+        {table: [data variable names]} (the runtime reads it from the program)."""
+        self.prefetch_inputs = {t: list(names) for t, names in tables.items()}
 
     # ------------------------------------------------------------------ TrainingHooks
     def end_pass(self):

@@ -9,11 +9,17 @@
   queue blocks training: back-pressure); a send thread merges up to
   ``max_merge_var_num`` per parameter (sum for SGD, mean otherwise), sends, and pulls
   dense parameters after each round, or a recv thread pulls after
-  ``min_send_grad_num_before_recv`` sends.
+  ``min_send_grad_num_before_recv`` sends. Pipelined with bounded staleness: a training
+  thread's step t+1 starts only once its step t-1 was sent and the dense parameters pulled
+  after it, and the sparse rows of its next batch are pulled in the background during
+  the current step, after its previous step was sent; so each step computes on
+  parameters that hold every one of this thread's updates but the last (at most one
+  batch of its own staleness) while the network work overlaps the computation.
 - ``GeoCommunicator``: training is local; every ``update_frequency`` steps the worker
   sends (local - last synced) / workers for dense blocks and the sparse rows touched, and
   takes back the servers' values (sparse: the rows changed since its last exchange).
 """
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -70,8 +76,19 @@ def _copy(value):
     return np.array(value, dtype=np.float32, copy=True)
 
 
+class _Ahead:
+    """A background pull of the rows one training thread's next batch needs."""
+
+    __slots__ = ("uniq", "future")
+
+    def __init__(self, uniq, future):
+        self.uniq = uniq
+        self.future = future
+
+
 class AsyncCommunicator(Communicator):
     mode = "async"
+    prefetch_ahead = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -88,11 +105,71 @@ class AsyncCommunicator(Communicator):
         self._cv = threading.Condition()
         self._threads = []
         self.put_timeout = float(f.get("put_timeout_s", 600.0))
+        self._tls = threading.local()  # per training thread: the last send's round
+        self._ahead = {}  # (thread id, table) -> _Ahead
+        self._ahead_lock = threading.Lock()
+        self._pool = None
+        self.stats["prefetches_ahead_used"] = 0
 
     def start(self):
         super().start()
         self._queues = {p.grad: queue.Queue(maxsize=self.queue_size) for p in self.plan.params.values()}
+        self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="fleet-prefetch")
         self._start_threads()
+
+    def stop(self):
+        try:
+            super().stop()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
+
+    # ------------------------------------------------------------------ pipelining
+    def _wait_round(self, done, what):
+        """Waits for a send round (an Event), bounded, raising the job's failure."""
+        deadline = time.monotonic() + self.put_timeout
+        while not done.wait(0.5):
+            self._raise_if_failed()
+            if time.monotonic() > deadline:
+                raise FleetTimeoutError(
+                    f"{what}: the previous step's gradients were not sent within {self.put_timeout:.0f} s; "
+                    f"the servers {self.endpoints} are not answering (check their logs)")
+
+    def prepare_batch(self, feed):
+        """Pulls the rows of the calling thread's next batch in the background, once this
+        thread's last step was sent. Never blocks."""
+        if not self.prefetch_inputs or self._pool is None:
+            return
+        me = threading.get_ident()
+        last = getattr(self._tls, "last", None)
+        for table, names in self.prefetch_inputs.items():
+            values = [feed.get(n) for n in names]
+            if any(v is None for v in values):
+                continue
+            ids = np.concatenate([np.asarray(getattr(v, "values", v), dtype=np.int64).reshape(-1) for v in values])
+            uniq = np.unique(ids)
+            future = self._pool.submit(self._pull_after, last, table, uniq)
+            with self._ahead_lock:
+                self._ahead[(me, table)] = _Ahead(uniq, future)
+
+    def _pull_after(self, last, table, uniq):
+        if last is not None:
+            self._wait_round(last, f"prefetching rows of {table!r}")
+        return self.pull_rows(table, uniq)
+
+    def prefetch(self, table, ids, is_test=False):
+        """The rows of ``ids``: those pulled ahead for this thread's batch when they are
+        the same ids, else pulled now (blocks)."""
+        with self._ahead_lock:
+            ahead = self._ahead.pop((threading.get_ident(), table), None)
+        if ahead is not None and not is_test:
+            uniq = np.unique(np.asarray(ids, dtype=np.int64))
+            if np.array_equal(uniq, ahead.uniq):
+                self._count("prefetches_ahead_used")
+                return ahead.future.result()
+            return self.pull_rows(table, uniq)
+        return super().prefetch(table, ids, is_test)
 
     def _start_threads(self):
         self._stop.clear()
@@ -127,11 +204,17 @@ class AsyncCommunicator(Communicator):
             (``check_alive``), at the next call after it happened.
         """
         self._raise_if_failed()
+        last = getattr(self._tls, "last", None)
+        if last is not None:  # bounded staleness: this thread's previous step is sent
+            self._wait_round(last, "sending a step")
+        done = self._tls.last = threading.Event()
+        queued = False
         for name, value in grads.items():
             q = self._queues.get(name)
             if q is None or value is None:
                 continue
-            item = _copy(value)
+            queued = True
+            item = (_copy(value), done)
             deadline = time.monotonic() + self.put_timeout
             while True:
                 try:
@@ -145,11 +228,18 @@ class AsyncCommunicator(Communicator):
                             f"servers {self.endpoints} are not taking gradients (check their logs)")
             with self._cv:
                 self._cv.notify()
+        if not queued:
+            done.set()
 
     def _drain(self):
-        """One round: pop up to max_merge per parameter, merge, send. Returns items sent."""
+        """One round: pop up to max_merge per parameter, merge, send.
+
+        Returns:
+            (items sent, the rounds' Events of the steps they came from).
+        """
         grads = {}
         popped = 0
+        done = set()
         for name, q in self._queues.items():
             items = []
             while len(items) < self.max_merge:
@@ -159,18 +249,19 @@ class AsyncCommunicator(Communicator):
                     break
             if items:
                 popped = max(popped, len(items))
-                grads[name] = reduce_gradients(items, average=not self.sum_merge)
+                done.update(ev for _, ev in items)
+                grads[name] = reduce_gradients([g for g, _ in items], average=not self.sum_merge)
         if grads:
             requests = self._requests("push", self.split_grads(grads))
             if requests:
                 self._all(requests)
             self._count("sends")
-        return popped
+        return popped, done
 
     def _send_loop(self):
         try:
             while not self._stop.is_set():
-                sent = self._drain()
+                sent, done = self._drain()
                 if sent:
                     if self.independent_recv:
                         with self._cv:
@@ -178,6 +269,8 @@ class AsyncCommunicator(Communicator):
                             self._cv.notify_all()
                     else:
                         self.pull_dense()
+                    for ev in done:
+                        ev.set()
                 else:
                     with self._cv:
                         self._cv.wait(0.01)
@@ -205,9 +298,15 @@ class AsyncCommunicator(Communicator):
             return
         self._stop_threads()
         self._raise_if_failed()
-        while self._drain():
-            pass
+        done = set()
+        while True:
+            sent, events = self._drain()
+            done |= events
+            if not sent:
+                break
         self.pull_dense()
+        for ev in done:
+            ev.set()
         if self.running and not self._closing:
             self._start_threads()
 

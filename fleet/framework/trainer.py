@@ -167,15 +167,22 @@ class DatasetTrainer:
 
     def _hogwild_loop(self, source, index):
         runner = Runner(self.plan, self.scope.new_scope())
+        ahead = self.hooks.prefetch_ahead and not self.serial
         try:
+            batch = self._next(source) if ahead else None
             while not self._stop.is_set():
                 with self._turn:  # FLEET_SERIAL_THREADS: one whole step at a time
-                    batch = self._next(source)
+                    if not ahead:
+                        batch = self._next(source)
                     if batch is None:
                         break
+                    following = self._next(source) if ahead else None
+                    if following is not None:  # its remote rows come while this batch runs
+                        self.hooks.prepare_batch(following)
                     n = self._feed(runner, batch)
                     runner.run()
                     self._record(runner, n)
+                    batch = following
                 if index == 0:
                     self._runner0 = runner
         except BaseException as e:  # noqa: BLE001 - re-raised by run() in the caller

@@ -1,0 +1,113 @@
+"""The async communicator's pipeline: a thread's next batch's rows are pulled in the
+background once its previous step was sent, and a step waits for the step before it to be
+sent (at most one batch of its own staleness)."""
+import contextlib
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fleet.framework as fw
+from fleet import layers, optimizer
+from fleet.communicator import make_communicator
+from fleet.framework.tensor import LoDTensor
+from fleet.transpiler.plan import build_plan
+from fleet.transport import Client, ServerSocket, serving
+from strategies import DistributedStrategyFactory
+
+PUSH_DELAY_S = 0.3
+FLAGS = {"communicator_send_queue_size": 1, "communicator_max_merge_var_num": 1, "put_timeout_s": 30}
+
+
+def _plan(endpoint):
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        x = layers.data("x", shape=[4])
+        ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
+        e = layers.sequence_pool(layers.embedding(ids, size=[50, 2], is_sparse=True, param_attr="t"), "sum")
+        out = layers.fc(layers.concat([e, x], axis=1), 2, param_attr="w", bias_attr=False)
+        optimizer.SGD(0.1).minimize(layers.mean(out))
+    return build_plan(main, DistributedStrategyFactory.create_async_strategy(), [endpoint], 1)
+
+
+class SlowPushServer:
+    """Answers pushes after PUSH_DELAY_S (from a timer), pulls at once; logs what it did."""
+
+    def __init__(self):
+        self.log = []
+        self.lock = threading.Lock()
+
+    def _note(self, what):
+        with self.lock:
+            self.log.append((time.monotonic(), what))
+
+    def __call__(self, request):
+        self._note(f"got {request.op}")
+        if request.op == "push":
+            request.defer()
+
+            def answer():
+                self._note("sent push")
+                request.reply()
+            threading.Timer(PUSH_DELAY_S, answer).start()
+        elif request.op == "pull_dense":
+            request.reply(request.meta["blocks"], [np.zeros((6, 2), np.float32)])
+        elif request.op == "pull_sparse":
+            ids = request.arrays[0]
+            request.reply(["rows"], [np.repeat(ids[:, None].astype(np.float32), 2, axis=1)])
+        else:
+            request.reply()
+
+    def first(self, what):
+        with self.lock:
+            return next(i for i, (_, w) in enumerate(self.log) if w == what)
+
+
+@pytest.fixture
+def job():
+    handler = SlowPushServer()
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serving(ServerSocket("127.0.0.1:0"), handler, poll_ms=10, threaded=True))
+        plan = _plan(server.endpoint)
+        comm = make_communicator("async", plan, 0, fw.Scope(), FLAGS,
+                                 connect=lambda ep: Client(ep, 0, timeout_ms=10000))
+        comm.set_prefetch_inputs({"t": ["ids"]})
+        comm.start()
+        stack.callback(comm.stop)
+        yield comm, plan, handler
+
+
+def _grads(plan):
+    return {plan.params["w"].grad: np.ones((6, 2), np.float32)}
+
+
+def test_next_batch_rows_are_pulled_after_the_previous_step_was_sent(job):
+    comm, plan, server = job
+    comm.send(_grads(plan))  # queued: the push is answered 0.3 s later
+    ids = np.array([7, 3, 7, 9], dtype=np.int64)
+    comm.prepare_batch({"ids": LoDTensor(ids, np.array([0, 2, 4], dtype=np.int64)), "x": np.zeros((2, 4))})
+    rows = comm.prefetch("t", ids)  # the op of the next batch takes what was pulled ahead
+    assert rows.ids.tolist() == [3, 7, 9]
+    np.testing.assert_array_equal(rows.values[:, 0], [3, 7, 9])
+    assert comm.stats["prefetches_ahead_used"] == 1
+    assert server.first("sent push") < server.first("got pull_sparse")
+
+
+def test_rows_pulled_ahead_for_other_ids_are_not_used(job):
+    comm, plan, server = job
+    comm.prepare_batch({"ids": LoDTensor(np.array([1, 2], dtype=np.int64), np.array([0, 2], dtype=np.int64))})
+    rows = comm.prefetch("t", np.array([4, 5], dtype=np.int64))
+    assert rows.ids.tolist() == [4, 5] and comm.stats["prefetches_ahead_used"] == 0
+    np.testing.assert_array_equal(rows.values[:, 0], [4, 5])
+
+
+def test_a_step_waits_until_the_step_before_it_was_sent(job):
+    comm, plan, server = job
+    start = time.monotonic()
+    comm.send(_grads(plan))  # step 1: queued, does not wait
+    assert time.monotonic() - start < PUSH_DELAY_S / 2
+    comm.send(_grads(plan))  # step 2: waits for step 1's push and the pull after it
+    assert time.monotonic() - start >= PUSH_DELAY_S
+    sent = server.first("sent push")
+    assert [w for _, w in server.log[sent:sent + 2]] == ["sent push", "got pull_dense"]
