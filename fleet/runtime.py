@@ -369,13 +369,14 @@ class ServerRuntime:
             ConfigError: a variable is missing or has another shape (names it).
             DataError: a damaged file (names it).
         """
-        dc_asgd = self.strategy.get_program_config().enable_dc_asgd
+        config = self.strategy.get_program_config()
+        options = {"dc_asgd": config.enable_dc_asgd, "merge_pushes": config.merge_async_pushes}
         if model_dir is None:
-            self.server = ParameterServer(self.endpoint, self.plan, self._initial_values(), dc_asgd=dc_asgd)
+            self.server = ParameterServer(self.endpoint, self.plan, self._initial_values(), **options)
             return
         reader = fio.VarsReader(model_dir)
         server = ParameterServer(self.endpoint, self.plan, initial_values(reader, self.plan, self.endpoint),
-                                 dc_asgd=dc_asgd)
+                                 **options)
         server.load(reader)
         self.server = server
         log.info("fleet: server %s loaded %s (step %s, epoch %s)", self.endpoint, model_dir,

@@ -80,6 +80,14 @@ class DistributeTranspilerConfig(Settings):
         "Delay-compensated ASGD (async only): servers apply g + g*g*(param - param at the "
         "worker's last pull).",
     )
+    merge_async_pushes = Field(
+        1, integer(0, "e.g. config.merge_async_pushes = 0 (one update per round of workers)"),
+        "Async and half-async servers average this many pushes, from any workers, into one "
+        "update: 1 applies each push on arrival (Paddle's async); 0 means the number of "
+        "workers still training. Merging keeps a worker's gradients about one update stale "
+        "instead of one per other worker (accuracy as workers are added); read batch_size / "
+        "workers per worker so an update still averages batch_size examples.",
+    )
     mode = Field(
         "pserver",
         choice(("pserver",), "fleet trains with parameter servers only; Paddle's 'nccl2' and "

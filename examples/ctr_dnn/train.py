@@ -33,6 +33,10 @@ def parse_args(argv=None):
                         "every worker's and thread's batch, so each thread reads batch_size / (workers x threads); "
                         "half-async averages a worker's threads: batch_size / threads")
     p.add_argument("--threads", type=int, default=2, help="training threads per worker")
+    p.add_argument("--merge_pushes", type=int, default=1,
+                   help="async / half-async: servers average this many pushes into one update (1: each on "
+                        "arrival, Paddle's async; 0: one per worker still training); each thread then reads "
+                        "batch_size / pushes merged")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adagrad"])
     p.add_argument("--sparse_feature_dim", type=int, default=1000001)
@@ -44,7 +48,10 @@ def parse_args(argv=None):
 def make_strategy(args):
     if args.strategy == "geo":
         return DistributedStrategyFactory.create_geo_strategy(update_frequency=args.geo_k)
-    return getattr(DistributedStrategyFactory, f"create_{args.strategy}_strategy")()
+    strategy = getattr(DistributedStrategyFactory, f"create_{args.strategy}_strategy")()
+    if args.strategy in ("async", "half_async"):
+        strategy.get_program_config().merge_async_pushes = args.merge_pushes
+    return strategy
 
 
 def make_optimizer(args):
@@ -73,9 +80,13 @@ def thread_batch_size(args):
     averages the batches of every thread of every worker into one update, half-async the
     batches of a worker's threads, so there each thread reads its share and the run makes
     as many updates of the same size as local training does."""
-    if fleet.is_local() or args.strategy not in ("sync", "half_async"):
+    if fleet.is_local() or args.strategy == "geo":
         return args.batch_size
-    share = args.threads * (fleet.worker_num() if args.strategy == "sync" else 1)
+    merged = args.merge_pushes or fleet.worker_num()  # pushes one async update averages
+    share = {"sync": args.threads * fleet.worker_num(), "half_async": args.threads * merged,
+             "async": merged}[args.strategy]
+    if share == 1:
+        return args.batch_size
     if args.batch_size < share:
         raise SystemExit(f"--batch_size {args.batch_size} is smaller than the {share} threads whose batches "
                          f"one {args.strategy} update averages: it needs at least one example per thread")
@@ -119,6 +130,8 @@ def main(argv=None):
                                          fetch_handler=handler)
         print(f"epoch {epoch}: {summary['examples']} examples, {summary['examples_per_sec']:,.0f} examples/s, "
               f"train auc {float(summary['fetch'].get('auc', [float('nan')])[0]):.4f}", flush=True)
+        if not fleet.is_local():  # the saved model holds every worker's updates of this epoch
+            fleet.barrier_worker()
         if fleet.is_first_worker():
             with open(metrics, "a") as f:
                 f.write(json.dumps({"epoch": epoch, "examples": summary["examples"],

@@ -61,9 +61,14 @@ class ParameterServer:
         initial: {param name: full initial array} for the dense and is_sparse params this
             server holds blocks of (the server slices its blocks out of them).
         dc_asgd: compensate async gradients for delay (async mode only).
+        merge_pushes: async / half-async: average this many pushes into one update (1:
+            each on arrival; 0: as many as workers are still training).
+
+    Raises:
+        ConfigError: dc_asgd together with merge_pushes other than 1.
     """
 
-    def __init__(self, endpoint, plan, initial, dc_asgd=False):
+    def __init__(self, endpoint, plan, initial, dc_asgd=False, merge_pushes=1):
         self.endpoint = endpoint
         self.plan = plan
         self.mode = plan.mode
@@ -85,6 +90,12 @@ class ParameterServer:
             value = block.rows_of(np.asarray(full, dtype=np.float32))
             self.blocks[block.name] = (pplan, block, DenseTable(block.name, value, rule, track_workers=track))
         self.live = set(range(self.workers))
+        self._pending = {}  # merged async pushes: name -> gradients not applied yet
+        self._pending_pushes = 0
+        self.merge_pushes = int(merge_pushes) if self.mode in ("async", "half_async") else 1
+        if self.merge_pushes != 1 and self.dc_asgd:
+            raise ConfigError("enable_dc_asgd compensates each push for its own delay; it cannot be combined "
+                              f"with merge_async_pushes={merge_pushes}: set one of them")
         self.stopped = set()
         self.lost = {}  # worker -> why it was lost
         self.failure = None  # why the job cannot go on (the first lost worker), or None
@@ -218,10 +229,48 @@ class ParameterServer:
         return out
 
     def _op_push(self, req):
-        """Async / half-async: apply every gradient now."""
-        for name, grad in self._checked_grads(req):
-            self._apply(name, grad, worker=req.worker)
+        """Async / half-async: apply every gradient now, or once ``merge_pushes`` of its
+        pushes are in (their mean, as one update)."""
+        grads = self._checked_grads(req)
+        if self.merge_pushes == 1:
+            for name, grad in grads:
+                self._apply(name, grad, worker=req.worker)
+        else:
+            for name, grad in grads:
+                self._pending.setdefault(name, []).append(grad)
+            self._pending_pushes += 1
+            self._apply_pending()
         req.reply()
+
+    def _merge_window(self):
+        training = len(self.live - self.stopped)
+        window = training if self.merge_pushes == 0 else min(self.merge_pushes, max(training, 1))
+        return max(window, 1)
+
+    def _apply_pending(self):
+        """Applies the merged pushes as one update once the window of pushes is full: each
+        parameter gets the sum of its gradients divided by the pushes (one without rows of
+        a table adds zero to it, as in a sync step). The window shrinks as workers stop,
+        so the last pushes are never left behind."""
+        if not self._pending_pushes or self._pending_pushes < self._merge_window():
+            return
+        pending, pushes = self._pending, self._pending_pushes
+        self._pending, self._pending_pushes = {}, 0
+        for name, grads in pending.items():
+            self._apply_mean(name, grads, count=pushes)
+
+    def _apply_mean(self, name, grads, count=None):
+        """Applies sum(grads) / count (default: their number) as one update."""
+        n = count or len(grads)
+        if isinstance(grads[0], tuple):
+            rows = np.concatenate([g[0] for g in grads])
+            values = np.concatenate([g[1] for g in grads])
+            self._apply(name, (rows, values), scale=1.0 / n)
+        else:
+            total = np.array(grads[0], dtype=np.float32, copy=True).reshape(-1)
+            for g in grads[1:]:
+                total += np.asarray(g, dtype=np.float32).reshape(-1)
+            self._apply(name, total, scale=1.0 / n)
 
     # ------------------------------------------------------------------ sync
     def _op_sync_push(self, req):
@@ -255,16 +304,8 @@ class ParameterServer:
         for req in reqs:
             for name, grad in _grads(req):
                 merged.setdefault(name, []).append(grad)
-        for name, grads in merged.items():
-            if isinstance(grads[0], tuple):
-                rows = np.concatenate([g[0] for g in grads])
-                values = np.concatenate([g[1] for g in grads])
-                self._apply(name, (rows, values), scale=1.0 / n)
-            else:
-                total = np.array(grads[0], dtype=np.float32, copy=True)
-                for g in grads[1:]:
-                    total += g
-                self._apply(name, total, scale=1.0 / n)
+        for name, grads in merged.items():  # a worker with no rows of a table adds zero
+            self._apply_mean(name, grads, count=n)
         for req in reqs:
             names = list(req.meta.get("pull", ()))
             req.reply(names=names, arrays=[self._dense(nm)[2].pull() for nm in names])
@@ -319,6 +360,7 @@ class ParameterServer:
 
     def _op_stop(self, req):
         self.stopped.add(req.worker)
+        self._apply_pending()  # fewer workers now fill a window
         req.reply()
         log.info("server %s: worker %d stopped (%d of %d)", self.endpoint, req.worker,
                  len(self.stopped), self.workers)

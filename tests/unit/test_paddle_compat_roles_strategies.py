@@ -225,7 +225,8 @@ def test_distribute_transpiler_config_defaults():
     config = DistributeTranspilerConfig()
     assert config.to_dict() == {
         "slice_var_up": True, "split_method": None, "min_block_size": 8192,
-        "enable_dc_asgd": False, "mode": "pserver", "print_log": False, "wait_port": True,
+        "enable_dc_asgd": False, "merge_async_pushes": 1, "mode": "pserver", "print_log": False,
+        "wait_port": True,
         "runtime_split_send_recv": False, "sync_mode": True, "half_async": False,
         "completely_not_async": False, "geo_sgd_mode": False, "geo_sgd_need_push_nums": 100,
         "nccl_comm_num": 1, "use_hierarchical_allreduce": False,

@@ -1,0 +1,69 @@
+"""merge_async_pushes: async servers average a window of pushes into one update; the window
+shrinks as workers stop so no push is left behind."""
+import numpy as np
+import pytest
+
+from fleet.errors import ConfigError
+from fleet.server.parameter_server import ParameterServer
+from strategies import DistributeTranspilerConfig
+from test_server_liveness import LR, handle, make_server, w_value
+
+
+def merging(workers, merge):
+    ps = make_server("async", workers=workers)
+    return ParameterServer(ps.endpoint, ps.plan, {"w": np.ones((7, 2), np.float32), "b": np.zeros(2, np.float32),
+                                                  "t": np.full((100, 3), 2.0, np.float32)}, merge_pushes=merge)
+
+
+def push(ps, worker, v, rows=None):
+    names, arrays = ["w"], [np.full((7, 2), v, np.float32)]
+    if rows is not None:
+        names += ["t@ROWS", "t@VALUES"]
+        arrays += [np.asarray(rows, dtype=np.int64), np.full((len(rows), 3), v, np.float32)]
+    req = handle(ps, "push", worker, names, arrays)
+    assert req.answer[0] == "ok", req.answer
+
+
+def test_a_window_of_pushes_becomes_one_update_with_their_mean():
+    ps = merging(workers=3, merge=3)
+    push(ps, 0, 1.0, rows=[5])
+    push(ps, 2, 2.0, rows=[5, 6])
+    np.testing.assert_array_equal(w_value(ps), 1.0)  # not applied yet: the window holds 2 of 3
+    push(ps, 0, 6.0)
+    np.testing.assert_allclose(w_value(ps), 1.0 - LR * (1.0 + 2.0 + 6.0) / 3)
+    t = ps.blocks["t"][2].pull()
+    np.testing.assert_allclose(t[5], 2.0 - LR * (1.0 + 2.0) / 3)  # rows: summed, divided by the window
+    np.testing.assert_allclose(t[6], 2.0 - LR * 2.0 / 3)
+    np.testing.assert_array_equal(t[7], 2.0)
+
+
+def test_zero_means_one_push_per_worker_still_training_and_stops_release_the_rest():
+    ps = merging(workers=2, merge=0)
+    push(ps, 0, 4.0)
+    np.testing.assert_array_equal(w_value(ps), 1.0)
+    assert handle(ps, "stop", 1).answer[0] == "ok"  # worker 1 is done: a window is one push now
+    np.testing.assert_allclose(w_value(ps), 1.0 - LR * 4.0)
+    push(ps, 0, 2.0)
+    np.testing.assert_allclose(w_value(ps), 1.0 - LR * 6.0)
+
+
+def test_one_applies_each_push_on_arrival_as_paddle():
+    ps = merging(workers=2, merge=1)
+    push(ps, 0, 1.0)
+    push(ps, 1, 1.0)
+    np.testing.assert_allclose(w_value(ps), 1.0 - 2 * LR)
+
+
+def test_merging_and_dc_asgd_are_refused_together():
+    ps = make_server("async", workers=2)
+    with pytest.raises(ConfigError, match="cannot be combined with merge_async_pushes=2"):
+        ParameterServer(ps.endpoint, ps.plan, {"w": np.ones((7, 2), np.float32), "b": np.zeros(2, np.float32),
+                                               "t": np.full((100, 3), 2.0, np.float32)},
+                        dc_asgd=True, merge_pushes=2)
+
+
+def test_the_setting_is_validated_with_its_fix():
+    config = DistributeTranspilerConfig()
+    assert config.merge_async_pushes == 1
+    with pytest.raises(ConfigError, match=r"merge_async_pushes=-1 .*config.merge_async_pushes = 0"):
+        config.merge_async_pushes = -1
