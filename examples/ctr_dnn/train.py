@@ -29,9 +29,9 @@ def parse_args(argv=None):
     p.add_argument("--geo_k", type=int, default=100, help="GEO update frequency (steps between exchanges)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch_size", type=int, default=1000,
-                   help="examples per parameter update (default 1000); in sync mode one update averages "
-                        "every worker's and thread's batch, so each thread reads batch_size / (workers x threads); "
-                        "half-async averages a worker's threads: batch_size / threads")
+                   help="examples per parameter update (default 1000). Each thread reads batch_size divided "
+                        "by what one update averages: sync workers x threads, half-async threads (x pushes "
+                        "merged), async pushes merged (1 by default), GEO workers (their progress is averaged)")
     p.add_argument("--threads", type=int, default=2, help="training threads per worker")
     p.add_argument("--merge_pushes", type=int, default=1,
                    help="async / half-async: servers average this many pushes into one update (1: each on "
@@ -78,13 +78,16 @@ class MetricsLog(fleet.FetchHandler):
 def thread_batch_size(args):
     """Each training thread's batch: ``--batch_size`` examples per parameter update. Sync
     averages the batches of every thread of every worker into one update, half-async the
-    batches of a worker's threads, so there each thread reads its share and the run makes
-    as many updates of the same size as local training does."""
-    if fleet.is_local() or args.strategy == "geo":
+    batches of a worker's threads (and async / half-async servers with --merge_pushes the
+    pushes of several workers), GEO averages the workers' progress: so there each thread
+    reads its share and the run makes as many updates of the same size as local training."""
+    if fleet.is_local():
         return args.batch_size
     merged = args.merge_pushes or fleet.worker_num()  # pushes one async update averages
+    # GEO servers average the workers' progress (each sends its change / workers), so
+    # as in sync, workers x batch examples make one step's worth of progress.
     share = {"sync": args.threads * fleet.worker_num(), "half_async": args.threads * merged,
-             "async": merged}[args.strategy]
+             "async": merged, "geo": fleet.worker_num()}[args.strategy]
     if share == 1:
         return args.batch_size
     if args.batch_size < share:

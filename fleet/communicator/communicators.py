@@ -17,7 +17,10 @@
   batch of its own staleness) while the network work overlaps the computation.
 - ``GeoCommunicator``: training is local; every ``update_frequency`` steps the worker
   sends (local - last synced) / workers for dense blocks and the sparse rows touched, and
-  takes back the servers' values (sparse: the rows changed since its last exchange).
+  takes back the servers' values (sparse: the rows changed since its last exchange). The
+  first exchanges come sooner, after 1, 2, 4, ... steps, doubling up to
+  ``update_frequency``: workers drift apart fastest at the start, and a pass shorter than
+  ``update_frequency`` would otherwise average models trained apart (it is logged).
 """
 import concurrent.futures
 import logging
@@ -317,7 +320,10 @@ class GeoCommunicator(Communicator):
     def __init__(self, *args, update_frequency=100, **kwargs):
         super().__init__(*args, **kwargs)
         self.k = int(update_frequency)
+        self.interval = 1  # steps until the next exchange: doubles up to k
         self._steps = 0
+        self._pass_steps = 0
+        self._warned_short_pass = False
         self._touched = {}  # table -> list of row arrays
         self._lock = threading.Lock()
         self._old = {}
@@ -344,13 +350,32 @@ class GeoCommunicator(Communicator):
                 if isinstance(value, SparseRows) and len(value.rows):
                     self._touched.setdefault(name, []).append(value.rows.copy())
             self._steps += 1
-            if self._steps >= self.k:
+            self._pass_steps += 1
+            if self._steps >= self.interval:
                 self._exchange()
+                self.interval = min(self.k, 2 * self.interval)
 
     def flush(self):
         with self._lock:
             if self._steps:
                 self._exchange()
+
+    def begin_pass(self, threads):
+        with self._lock:
+            self._pass_steps = 0
+
+    def end_pass(self):
+        """Exchanges what is left; logs once when the pass was shorter than update_frequency."""
+        with self._lock:
+            steps = self._pass_steps
+        if 0 < steps < self.k and not self._warned_short_pass:
+            self._warned_short_pass = True
+            log.warning(
+                "fleet: GEO worker %d ran %d steps this pass, fewer than update_frequency=%d: it exchanged with "
+                "the servers only during the first steps (after 1, 2, 4, ... steps) and at the end of the pass, so "
+                "the workers trained apart in between; set update_frequency to at most %d (a quarter of a pass) "
+                "to average them regularly", self.worker_id, steps, self.k, max(1, steps // 4))
+        super().end_pass()
 
     def _exchange(self):
         workers = self.plan.worker_num
