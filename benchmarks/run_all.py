@@ -4,10 +4,13 @@ in DESIGN section 8, the machine (nproc, CPU model), the date, and the raw JSON 
     python benchmarks/run_all.py [--quick] [--out benchmarks/RESULTS.md]
 
 Runs one benchmark at a time (they would otherwise compete for the cores); a full run
-takes about 10 minutes on 2 cores, ``--quick`` (smaller sizes, no 100M-row table) about
-3. The PyTorch comparison runs when torch is installed (``pip install torch``) and is
-reported as skipped otherwise. Run it on an otherwise idle machine: every figure is a
-speed.
+took about 10 minutes on 2 cores before bench_scaling (1-8 trainers, 200,000 lines) and the
+3 seeds of bench_distributed were added, which are estimated at another 10 or so (not yet
+timed on the reference machine); ``--quick`` (smaller sizes, no 100M-row table, 1 seed,
+1-4 trainers on 50,000 lines) about 7. The PyTorch comparison runs when torch is installed
+(``pip install torch``) and is reported as skipped otherwise. Run it on an otherwise idle
+machine: every figure is a speed. A benchmark that reports some failed runs but still prints
+its JSON line (bench_scaling) keeps its figures, with the error.
 """
 import argparse
 import datetime
@@ -43,10 +46,13 @@ def benchmarks(quick):
         ("local_train", ["bench_local_train.py"]),
         ("torch_ctr", ["bench_torch_ctr.py", "--lines", "100000" if quick else "200000"]),
         ("distributed", ["bench_distributed.py", "--epochs", "1" if quick else "3", "--worker_threads", "1",
-                         "--local_threads", "2,1"]),
+                         "--local_threads", "2,1", "--seeds", "1" if quick else "3"]),
         # AUC parity on data seen once (no over-fitting): the table of examples/ctr_dnn/README.md
         ("distributed_1m", ["bench_distributed.py", "--lines", "200000" if quick else "1000000", "--epochs", "1",
                             "--worker_threads", "1", "--local_threads", "2,1"]),
+        # --timeout per run: a run that hangs is reported and the others still fit in run_all's --timeout
+        ("scaling", ["bench_scaling.py", "--lines", "50000" if quick else "200000",
+                     "--trainers", "1,2,4" if quick else "1,2,4,8", "--timeout", "300"]),
     ]
 
 
@@ -60,9 +66,11 @@ def run_one(argv, timeout_s):
                          f"run it alone to see where it stops", "wall_seconds": round(time.time() - t0, 1)}
     seconds = round(time.time() - t0, 1)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
+    if not lines:
         return {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}", "wall_seconds": seconds}
     result = json.loads(lines[-1])
+    if proc.returncode != 0:  # a benchmark that reports some failed runs (bench_scaling) still prints its line
+        result["error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
     result["wall_seconds"] = seconds
     return result
 
@@ -86,6 +94,16 @@ def fmt(value, spec="{:,.0f}"):
     return "n/a" if value is None else spec.format(value)
 
 
+def cell(text, limit=200):
+    """Text as one table cell: one line, no column separators, at most limit characters."""
+    return " ".join(str(text).split()).replace("|", "/")[:limit]
+
+
+def check_status(check):
+    """The status of a benchmark's own check ({"figure", "goal", "value", "met"})."""
+    return {True: "met", False: "**gap**"}.get(check.get("met"), "not measured")
+
+
 def figure_rows(r):
     """(figure, goal, measured, status) rows for DESIGN section 8."""
     rows = []
@@ -98,12 +116,7 @@ def figure_rows(r):
                  f"{fmt(get(r, 'torch_ctr', 'fleet', 'examples_per_sec'))}, torch {fmt(torch)} ex/s "
                  f"= {fmt(ratio, '{:.2f}')}x",
                  "skipped: torch not installed" if get(r, "torch_ctr", "skipped") else status(ratio, 1.0)))
-    dist = get(r, "distributed", "results") or {}
-    for s in ("async", "geo"):
-        v = get(dist, s, "speed_vs_local")
-        rows.append((f"{s} on loopback (1 server, 2 workers) vs local", "≥ 0.9x local ex/s",
-                     f"{fmt(get(dist, s, 'examples_per_sec'))} vs {fmt(get(dist, 'local', 'examples_per_sec'))} "
-                     f"ex/s = {fmt(v, '{:.2f}')}x", status(v, 0.9)))
+    rows += distributed_goal_rows(r)
     for name, key in (("transport", "ratio_4mib"), ("communicator", "ratio_4mib")):
         v = get(r, name, key)
         rows.append((f"dense push+pull of a 4 MiB block ({name})", "≥ 0.7 of raw ZeroMQ",
@@ -126,6 +139,7 @@ def figure_rows(r):
                  f"fleet {fmt(get(r, 'torch_ctr', 'fleet', 'test_auc'), '{:.4f}')}, torch "
                  f"{fmt(get(r, 'torch_ctr', 'torch', 'test_auc'), '{:.4f}')} ({fmt(d, '{:+.4f}')})",
                  status(None if d is None else -abs(d), -0.005)))
+    dist = get(r, "distributed", "results") or {}
     sync = get(dist, "sync", "test_auc")
     for s in ("async", "geo"):
         a = get(dist, s, "test_auc")
@@ -133,20 +147,97 @@ def figure_rows(r):
         rows.append((f"test AUC, {s} vs sync", "within 0.01",
                      f"{fmt(a, '{:.4f}')} vs {fmt(sync, '{:.4f}')} ({fmt(diff, '{:+.4f}')})",
                      status(None if diff is None else -abs(diff), -0.01)))
+    rows += scaling_goal_rows(r)
+    return rows
+
+
+def distributed_goal_rows(r):
+    """bench_distributed's checks: examples/s and job CPU per example of each strategy vs local."""
+    d = r.get("distributed") or {}
+    dist = d.get("results") or {}
+    seeds = len(d.get("seeds") or []) or "n/a"
+    local = dist.get("local") or {}
+    rows = []
+    for c in d.get("checks") or []:
+        strategy = c["figure"].split()[0]
+        s = dist.get(strategy) or {}
+        if not s:
+            measured = "not run"
+        elif "CPU" in c["figure"]:
+            measured = (f"{fmt(c['value'], '{:.2f}')}x: {fmt(s.get('cpu_s_per_1k_examples'), '{:.3f}')} vs "
+                        f"{fmt(local.get('cpu_s_per_1k_examples'), '{:.3f}')} CPU s per 1k examples")
+        else:
+            spread = s.get("examples_per_sec_spread") or {}
+            measured = (f"{fmt(s.get('examples_per_sec'))} vs {fmt(local.get('examples_per_sec'))} ex/s = "
+                        f"{fmt(c['value'], '{:.2f}')}x ({strategy} {fmt(spread.get('min'))}-{fmt(spread.get('max'))})")
+        rows.append((f"{c['figure']} (1 server, 2 workers, mean of {seeds} seeds)", c["goal"], measured,
+                     check_status(c)))
+    if not rows:
+        rows.append(("distributed strategies vs local (bench_distributed)", "see bench_distributed.py",
+                     cell(d.get("error", "n/a")), "not measured"))
+    return rows
+
+
+def scaling_goal_rows(r):
+    """bench_scaling's checks: each strategy's test AUC vs sync's at a trainer count."""
+    sc = r.get("scaling") or {}
+    rows = []
+    for c in sc.get("checks") or []:
+        rows.append((f"{c['figure']} (bench_scaling, {sc.get('layout')} layout)", c["goal"],
+                     fmt(c["value"], "{:+.4f}"), check_status(c)))
+    if not rows:
+        rows.append(("test AUC vs sync at 4 and 8 trainers (bench_scaling)", "see bench_scaling.py",
+                     cell(sc.get("error", "n/a")), "not measured"))
     return rows
 
 
 def strategy_rows(r, name="distributed"):
     dist = get(r, name, "results") or {}
     rows = []
+    base = dist.get("local") or {}
     for s in ("local", "local_1_threads", "sync", "async", "half_async", "geo"):
         if s in dist:
             d = dist[s]
+            spread = d.get("test_auc_spread") or {}
+            is_base = s == "local"
             rows.append((s, fmt(d.get("test_auc"), "{:.4f}"),
-                         fmt(d["test_auc"] - dist["local"]["test_auc"], "{:+.4f}") if s != "local" else "",
+                         f"{fmt(spread.get('min'), '{:.4f}')}-{fmt(spread.get('max'), '{:.4f}')}"
+                         f" (std {fmt(spread.get('std'), '{:.4f}')})" if spread else "",
+                         "" if is_base else fmt(d["test_auc"] - base["test_auc"], "{:+.4f}"),
                          fmt(d.get("examples_per_sec")),
-                         fmt(d["examples_per_sec"] / dist["local"]["examples_per_sec"], "{:.2f}x") if s != "local" else ""))
+                         "" if is_base else fmt(d["examples_per_sec"] / base["examples_per_sec"], "{:.2f}x"),
+                         fmt(d.get("cpu_s_per_1k_examples"), "{:.3f}"),
+                         "" if is_base else fmt(d.get("cpu_ratio"), "{:.2f}x")))
     return rows
+
+
+STRATEGY_HEADER = ("strategy", "test AUC", "min-max over seeds", "vs local", "examples/s", "speed vs local",
+                   "CPU s / 1k examples", "CPU vs local")
+
+
+def scaling_rows(r):
+    sc = r.get("scaling") or {}
+    local = sc.get("local") or {}
+    rows = [("local", 1, "1 x 1", sc.get("batch_size", "n/a"), fmt(local.get("test_auc"), "{:.4f}"), "", "",
+             fmt(local.get("examples_per_sec")), fmt(local.get("job_examples_per_sec")), "", "", "")]
+    for strategy, runs in (sc.get("results") or {}).items():
+        for x in runs:
+            shape = f"{x['workers']} x {x['threads']}"
+            if "error" in x:
+                rows.append((strategy, x["trainers"], shape, "", "error: " + cell(x["error"], 150),
+                             "", "", "", "", "", "", ""))
+                continue
+            exchanges = x.get("geo_exchanges_per_worker")
+            rows.append((strategy, x["trainers"], shape, x.get("batch_per_thread"), fmt(x.get("test_auc"), "{:.4f}"),
+                         fmt(x.get("auc_minus_sync"), "{:+.4f}"), fmt(x.get("auc_minus_local"), "{:+.4f}"),
+                         fmt(x.get("examples_per_sec")), fmt(x.get("job_examples_per_sec")),
+                         fmt(x.get("speed_vs_local"), "{:.2f}x"), fmt(x.get("cpu_ratio"), "{:.2f}x"),
+                         "" if exchanges is None else ", ".join(str(e) for e in exchanges)))
+    return rows
+
+
+SCALING_HEADER = ("strategy", "trainers", "workers x threads", "batch / thread", "test AUC", "vs sync", "vs local",
+                  "examples/s", "job examples/s", "speed vs local", "CPU vs local", "GEO exchanges / worker")
 
 
 def table(header, rows):
@@ -157,6 +248,7 @@ def table(header, rows):
 
 def write_report(path, results, args, started):
     dist = results.get("distributed", {})
+    sc = results.get("scaling", {})
     lines = [
         "# Benchmark results",
         "",
@@ -173,16 +265,31 @@ def write_report(path, results, args, started):
         "",
         f"`bench_distributed.py`: {get(dist, 'lines') or 'n/a'} generated lines, {get(dist, 'epochs') or 'n/a'} "
         f"epoch(s), batch 1000; local = one process with 2 threads (local_1_threads: with 1); distributed = "
-        f"{get(dist, 'servers') or 'n/a'} server(s) + 2 workers on this machine (1 thread each). "
-        "Test AUC of the model the first worker saved, on 50,000 held-out lines; examples/s summed over workers.",
+        f"{get(dist, 'servers') or 'n/a'} server(s) + 2 workers on this machine "
+        f"({get(dist, 'worker_threads') or 'the default'} thread(s) each). "
+        "Test AUC of the model the first worker saved, on 50,000 held-out lines; examples/s summed over workers; "
+        f"means over {len(get(dist, 'seeds') or []) or 'n/a'} seed(s) of the model's initial values (the data "
+        "are the same), each ratio to the same seed's local run. CPU: every process of the job (fleetrun, "
+        "servers, workers), their start included, per 1,000 examples trained.",
         "",
-        table(("strategy", "test AUC", "vs local", "examples/s", "speed vs local"), strategy_rows(results)),
+        table(STRATEGY_HEADER, strategy_rows(results)),
         "",
         f"The same on {get(results, 'distributed_1m', 'lines') or 'n/a'} lines, 1 epoch (no example seen twice, "
         "so no over-fitting):",
         "",
-        table(("strategy", "test AUC", "vs local", "examples/s", "speed vs local"),
-              strategy_rows(results, "distributed_1m")),
+        table(STRATEGY_HEADER, strategy_rows(results, "distributed_1m")),
+        "",
+        "## CTR-DNN scaling",
+        "",
+        f"`bench_scaling.py`: {fmt(get(sc, 'lines'))} generated lines in {get(sc, 'train_files') or 'n/a'} files, "
+        f"{get(sc, 'epochs') or 'n/a'} epoch(s), batch {get(sc, 'batch_size') or 'n/a'} per update; "
+        f"{get(sc, 'servers') or 'n/a'} server(s); trainers = workers x threads ({get(sc, 'layout') or 'n/a'} "
+        f"layout); GEO exchanges every {get(sc, 'geo_k') or 'n/a'} steps per worker. Sync gives each thread "
+        "batch / trainers examples. \"vs sync\": test AUC minus sync's at the same trainer count; \"vs local\": "
+        "minus local training's with 1 thread. examples/s: each worker's own figure summed; job examples/s: all "
+        "examples over the span from the first worker's pass start to the last one's end.",
+        "",
+        table(SCALING_HEADER, scaling_rows(results)),
         "",
         "## Raw results",
         "",
@@ -199,7 +306,7 @@ def write_report(path, results, args, started):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smaller sizes: about 3 minutes")
+    p.add_argument("--quick", action="store_true", help="smaller sizes: about 7 minutes")
     p.add_argument("--only", help="comma-separated benchmark names to run (default: all)")
     p.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one benchmark may take (default 1800)")

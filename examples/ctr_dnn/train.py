@@ -7,6 +7,10 @@ Each worker trains on its share of the train files (``fleet.split_files``), the 
 worker saves the model after every epoch to ``<model_dir>/epoch_N`` and appends a JSON
 line per printed batch to ``<model_dir>/metrics.jsonl`` (time, epoch, batch,
 examples/s, loss, auc).
+
+Each worker ends every epoch with a line ``epoch N: <examples> examples, <rate> examples/s,
+train auc <auc>, pass <start>-<end> (Unix time)``: the pass's wall-clock span lets a
+benchmark time a job across workers that did not start at the same moment.
 """
 import argparse
 import glob
@@ -128,11 +132,13 @@ def main(argv=None):
     metrics = os.path.join(args.model_dir, "metrics.jsonl")
     for epoch in range(args.epochs):
         handler = MetricsLog(metrics, {"loss": avg_cost, "auc": auc}, epoch) if fleet.is_first_worker() else None
+        started = time.time()
         summary = exe.train_from_dataset(fleet.main_program, dataset, fetch_list=[avg_cost, auc],
                                          fetch_info=["loss", "auc"], print_period=args.print_period,
                                          fetch_handler=handler)
         print(f"epoch {epoch}: {summary['examples']} examples, {summary['examples_per_sec']:,.0f} examples/s, "
-              f"train auc {float(summary['fetch'].get('auc', [float('nan')])[0]):.4f}", flush=True)
+              f"train auc {float(summary['fetch'].get('auc', [float('nan')])[0]):.4f}, "
+              f"pass {started:.3f}-{time.time():.3f} (Unix time)", flush=True)
         if not fleet.is_local():  # the saved model holds every worker's updates of this epoch
             fleet.barrier_worker()
         if fleet.is_first_worker():
