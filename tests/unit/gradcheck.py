@@ -116,9 +116,12 @@ def check_grads(build, feed, eps=EPS, rtol=RTOL, atol=ATOL, max_checks=40, param
     _check_shape(out, value)
     out_values = np.array(value.values if isinstance(value, LoDTensor) else value, dtype=np.float32)
     weight = rng.uniform(0.5, 1.5, out_values.shape) * rng.choice([-1.0, 1.0], out_values.shape)
-    feed[LOSS_WEIGHT] = weight.astype(np.float32)
+    # a lod_level=1 output gets a weight with its LoD (one row per id, like the output)
+    feed[LOSS_WEIGHT] = (LoDTensor(weight.astype(np.float32), value.offsets)
+                         if isinstance(value, LoDTensor) else weight.astype(np.float32))
     with fw.program_guard(main, startup):
-        w = layers.data(LOSS_WEIGHT, shape=list(out.shape), dtype="float32", append_batch_size=False)
+        w = layers.data(LOSS_WEIGHT, shape=list(out.shape), dtype="float32", append_batch_size=False,
+                        lod_level=out.lod_level)
         loss = layers.reduce_sum(layers.elementwise_mul(out, w))
         fw.append_backward(loss, parameter_list=wrt)
     test = main.clone(for_test=True)

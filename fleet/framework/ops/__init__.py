@@ -1,2 +1,3 @@
 """The built-in ops. Importing this package registers them."""
-from fleet.framework.ops import basic, math_ops, nn, metrics, optimize, saved_table  # noqa: F401
+from fleet.framework.ops import (activation_ops, basic, math_ops, metrics, nn, optimize,  # noqa: F401
+                                 reduce_ops, saved_table)
