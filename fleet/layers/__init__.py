@@ -3,13 +3,18 @@ program (and parameter initializers to the startup program) and returns its outp
 from fleet.layers.io import data
 from fleet.layers.nn import (concat, embedding, fc, sequence_pool, reshape, scale, cast,
                              fill_constant, create_parameter)
-from fleet.layers.math import (relu, sigmoid, tanh, softmax, mean, reduce_sum, elementwise_add,
-                               elementwise_sub, elementwise_mul, elementwise_div, sums)
+from fleet.layers.activation import (relu, sigmoid, tanh, softmax, square, sqrt, exp, log, abs,
+                                     pow, clip, leaky_relu, prelu)
+from fleet.layers.math import (mean, reduce_sum, reduce_mean, reduce_max, reduce_min,
+                               elementwise_add, elementwise_sub, elementwise_mul, elementwise_div,
+                               elementwise_max, elementwise_min, elementwise_pow, sums)
 from fleet.layers.loss import cross_entropy, log_loss, sigmoid_cross_entropy_with_logits
 from fleet.layers.metric import accuracy, auc
 
 __all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "reshape", "scale", "cast",
-           "fill_constant", "create_parameter", "relu", "sigmoid", "tanh", "softmax", "mean",
-           "reduce_sum", "elementwise_add", "elementwise_sub", "elementwise_mul",
-           "elementwise_div", "sums", "cross_entropy", "log_loss",
+           "fill_constant", "create_parameter", "relu", "sigmoid", "tanh", "softmax", "square",
+           "sqrt", "exp", "log", "abs", "pow", "clip", "leaky_relu", "prelu", "mean", "reduce_sum",
+           "reduce_mean", "reduce_max", "reduce_min", "elementwise_add", "elementwise_sub",
+           "elementwise_mul", "elementwise_div", "elementwise_max", "elementwise_min",
+           "elementwise_pow", "sums", "cross_entropy", "log_loss",
            "sigmoid_cross_entropy_with_logits", "accuracy", "auc"]
