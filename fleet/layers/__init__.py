@@ -1,5 +1,9 @@
 """Model-building layers (Paddle's ``fluid.layers``): each appends ops to the current main
-program (and parameter initializers to the startup program) and returns its output."""
+program (and parameter initializers to the startup program) and returns its output.
+
+Importing it also gives Variables Paddle's Python operators (``x + y``, ``1 - p``, ``x[:, i]``;
+see ``fleet.layers.math_op_patch``)."""
+from fleet.layers import math_op_patch  # noqa: F401  (Variable operators)
 from fleet.layers.io import data
 from fleet.layers.nn import (concat, embedding, fc, sequence_pool, reshape, scale, cast,
                              fill_constant, create_parameter)
@@ -8,6 +12,9 @@ from fleet.layers.activation import (relu, sigmoid, tanh, softmax, square, sqrt,
 from fleet.layers.math import (mean, reduce_sum, reduce_mean, reduce_max, reduce_min,
                                elementwise_add, elementwise_sub, elementwise_mul, elementwise_div,
                                elementwise_max, elementwise_min, elementwise_pow, sums)
+from fleet.layers.shape import (transpose, unsqueeze, squeeze, expand, stack, split, slice, flatten,
+                                create_tensor)
+from fleet.layers.linalg import matmul, mul, conv2d
 from fleet.layers.loss import cross_entropy, log_loss, sigmoid_cross_entropy_with_logits
 from fleet.layers.metric import accuracy, auc
 
@@ -16,5 +23,6 @@ __all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "reshape", "sca
            "sqrt", "exp", "log", "abs", "pow", "clip", "leaky_relu", "prelu", "mean", "reduce_sum",
            "reduce_mean", "reduce_max", "reduce_min", "elementwise_add", "elementwise_sub",
            "elementwise_mul", "elementwise_div", "elementwise_max", "elementwise_min",
-           "elementwise_pow", "sums", "cross_entropy", "log_loss",
+           "elementwise_pow", "sums", "transpose", "unsqueeze", "squeeze", "expand", "stack", "split",
+           "slice", "flatten", "create_tensor", "matmul", "mul", "conv2d", "cross_entropy", "log_loss",
            "sigmoid_cross_entropy_with_logits", "accuracy", "auc"]

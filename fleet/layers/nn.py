@@ -156,13 +156,25 @@ def concat(input, axis=0, name=None):
     return out
 
 
-def reshape(x, shape, inplace=False, name=None):
-    """Reshapes (0 keeps the input's dim, -1 is inferred)."""
+def reshape(x, shape, actual_shape=None, act=None, inplace=False, name=None):
+    """Reshapes x (a 0 keeps the input's dim, one -1 is inferred).
+
+    On a lod_level=1 input the rows (one per id) must stay rows: the first dim 0 or -1.
+
+    Raises:
+        ConfigError: ``actual_shape`` (a Variable) is given, or an unknown ``act``.
+    """
     check_var(x, "x", "reshape")
+    if actual_shape is not None:
+        raise ConfigError("reshape actual_shape (a shape computed at run time) is not supported; "
+                          "pass the shape as a list with 0 and -1")
+    shape = [int(d) for d in shape]
+    if shape.count(-1) > 1:
+        raise ConfigError(f"reshape shape={shape} has more than one -1; only one dim can be inferred")
     shown = tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape))
     out = create_tmp(name or "reshape", shown, x.dtype)
-    append_op("reshape", {"X": x}, {"Out": out}, {"shape": list(shape)})
-    return out
+    append_op("reshape", {"X": x}, {"Out": out}, {"shape": shape})
+    return apply_act(out, act, "reshape")
 
 
 def scale(x, scale=1.0, bias=0.0, bias_after_scale=True, act=None, name=None):
