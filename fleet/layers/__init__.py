@@ -15,6 +15,7 @@ from fleet.layers.math import (mean, reduce_sum, reduce_mean, reduce_max, reduce
 from fleet.layers.shape import (transpose, unsqueeze, squeeze, expand, stack, split, slice, flatten,
                                 create_tensor)
 from fleet.layers.linalg import matmul, mul, conv2d
+from fleet.layers.norm import dropout, batch_norm, layer_norm
 from fleet.layers.loss import cross_entropy, log_loss, sigmoid_cross_entropy_with_logits
 from fleet.layers.metric import accuracy, auc
 
@@ -24,5 +25,6 @@ __all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "reshape", "sca
            "reduce_mean", "reduce_max", "reduce_min", "elementwise_add", "elementwise_sub",
            "elementwise_mul", "elementwise_div", "elementwise_max", "elementwise_min",
            "elementwise_pow", "sums", "transpose", "unsqueeze", "squeeze", "expand", "stack", "split",
-           "slice", "flatten", "create_tensor", "matmul", "mul", "conv2d", "cross_entropy", "log_loss",
+           "slice", "flatten", "create_tensor", "matmul", "mul", "conv2d",
+           "dropout", "batch_norm", "layer_norm", "cross_entropy", "log_loss",
            "sigmoid_cross_entropy_with_logits", "accuracy", "auc"]

@@ -81,7 +81,7 @@ def _check_shape(var, value):
 
 
 def check_grads(build, feed, eps=EPS, rtol=RTOL, atol=ATOL, max_checks=40, params=None,
-                indices=None, seed=0):
+                indices=None, seed=0, train_forward=False):
     """Checks the backward of the ops ``build()`` appends against finite differences.
 
     Args:
@@ -94,6 +94,9 @@ def check_grads(build, feed, eps=EPS, rtol=RTOL, atol=ATOL, max_checks=40, param
         params: {parameter name: value} assigned in the scope after the startup program.
         indices: {name: flat indices} to perturb instead of a random subset.
         seed: seeds the program's initializers, the loss weights and the subsets.
+        train_forward: evaluate the finite differences with the training forward (ops keep
+            their own ``is_test``) instead of the test clone's; for ops that behave
+            differently at test time (dropout with a fixed seed, batch_norm).
 
     Returns:
         A GradResult.
@@ -123,8 +126,12 @@ def check_grads(build, feed, eps=EPS, rtol=RTOL, atol=ATOL, max_checks=40, param
         w = layers.data(LOSS_WEIGHT, shape=list(out.shape), dtype="float32", append_batch_size=False,
                         lod_level=out.lod_level)
         loss = layers.reduce_sum(layers.elementwise_mul(out, w))
+        is_test = [op.attrs.get("is_test") for op in main.global_block().ops]
         fw.append_backward(loss, parameter_list=wrt)
     test = main.clone(for_test=True)
+    if train_forward:  # the clone keeps the forward ops in order
+        for op, flag in zip(test.global_block().ops, is_test):
+            op.attrs["is_test"] = bool(flag)
 
     result = GradResult()
     result.out, result.main, result.scope = out_values, main, scope
