@@ -16,7 +16,9 @@ from fleet.layers.shape import (transpose, unsqueeze, squeeze, expand, stack, sp
                                 create_tensor)
 from fleet.layers.linalg import matmul, mul, conv2d
 from fleet.layers.norm import dropout, batch_norm, layer_norm
-from fleet.layers.loss import cross_entropy, log_loss, sigmoid_cross_entropy_with_logits
+from fleet.layers.sequence import sequence_expand, sequence_expand_as, sequence_softmax
+from fleet.layers.loss import (cross_entropy, log_loss, sigmoid_cross_entropy_with_logits,
+                               softmax_with_cross_entropy, square_error_cost, mse_loss)
 from fleet.layers.metric import accuracy, auc
 
 __all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "reshape", "scale", "cast",
@@ -26,5 +28,7 @@ __all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "reshape", "sca
            "elementwise_mul", "elementwise_div", "elementwise_max", "elementwise_min",
            "elementwise_pow", "sums", "transpose", "unsqueeze", "squeeze", "expand", "stack", "split",
            "slice", "flatten", "create_tensor", "matmul", "mul", "conv2d",
-           "dropout", "batch_norm", "layer_norm", "cross_entropy", "log_loss",
+           "dropout", "batch_norm", "layer_norm", "sequence_expand", "sequence_expand_as",
+           "sequence_softmax", "cross_entropy", "log_loss", "softmax_with_cross_entropy",
+           "square_error_cost", "mse_loss",
            "sigmoid_cross_entropy_with_logits", "accuracy", "auc"]
