@@ -124,6 +124,11 @@ def _getitem(self, item):
     return _in_program(self, lambda: _slice(self, axes, starts, ends, decrease))
 
 
+def _iter(self):
+    raise TypeError(f"a Variable ({self.name!r}) is not iterable; index it (x[i]) or split it with "
+                    f"layers.split")
+
+
 def monkey_patch_variable():
     """Adds the operators to ``fleet.framework.Variable`` (idempotent)."""
     for op_type in ("elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div",
@@ -135,6 +140,7 @@ def monkey_patch_variable():
             setattr(Variable, f"__r{name}__", _binary(op_type, reverse=True))
     Variable.__neg__ = _neg
     Variable.__getitem__ = _getitem
+    Variable.__iter__ = _iter  # or Python would iterate through __getitem__ forever
     Variable.astype = _astype
 
 

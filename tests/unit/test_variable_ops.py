@@ -125,4 +125,6 @@ def test_operators_refuse_what_paddle_cannot_compute():
         x / 0
     with pytest.raises(TypeError):
         x + "a"
+    with pytest.raises(TypeError, match="a Variable \\('x'\\) is not iterable; index it"):
+        list(x)
     fw.reset_default_programs()
