@@ -8,7 +8,10 @@ def _binary(op_type, x, y, axis, act, name):
     check_var(x, "x", op_type)
     check_var(y, "y", op_type)
     check_act(act, op_type)
-    if not isinstance(axis, int) or axis < -1 or (axis >= 0 and axis + len(y.shape) > len(x.shape)):
+    # same rank: numpy broadcasting, axis does not matter (Paddle)
+    same_rank = len(y.shape) == len(x.shape)
+    if not isinstance(axis, int) or axis < -1 or (
+            not same_rank and axis >= 0 and axis + len(y.shape) > len(x.shape)):
         raise ConfigError(f"{op_type} axis={axis!r} cannot place y {list(y.shape)} in x {list(x.shape)}; "
                           f"use -1 (y matches x's trailing dims) or the dim of x where y's dims start")
     out = create_tmp(name or op_type, x.shape, x.dtype, x.lod_level)

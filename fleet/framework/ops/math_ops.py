@@ -9,7 +9,7 @@ from fleet.framework.registry import OpDef, register_op
 def _broadcast_y(x, y, axis):
     """Reshapes y for numpy broadcasting against x with Paddle's ``axis`` rule: y's dims
     match x's dims starting at ``axis`` (-1: aligned to x's trailing dims)."""
-    if y.shape == x.shape or y.ndim == 0:
+    if y.ndim == x.ndim or y.ndim == 0:  # same rank: numpy broadcasting, axis unused (Paddle)
         return y
     if axis == -1 or axis is None:
         axis = x.ndim - y.ndim
