@@ -215,3 +215,23 @@ def test_the_model_builds_trains_and_runs_as_a_test_clone(model):
     assert losses[-1] < 0.7 * losses[0], losses[::8]
     (test_loss,) = exe.run(test, feed=feed, fetch_list=[loss], scope=scope)
     assert np.isfinite(test_loss).all()
+
+
+@pytest.mark.parametrize("model", [deepfm, xdeepfm, afm, fibinet, din], ids=lambda m: m.__name__)
+def test_a_saved_test_program_of_the_model_comes_back_and_predicts_the_same(model):
+    from fleet.framework.program import deserialize_program, serialize_program
+
+    fw.unique_name.reset()
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        loss = model()
+    startup.random_seed = 2
+    scope, exe = fw.Scope(), fw.Executor()
+    exe.run(startup, scope=scope)
+    test = main.clone(for_test=True)
+    fed = {v.name for v in main.list_vars() if v.is_data}
+    feed = {k: v for k, v in _feed().items() if k in fed}
+    (expected,) = exe.run(test, feed=feed, fetch_list=[loss], scope=scope)
+    loaded = deserialize_program(serialize_program(test))
+    (got,) = exe.run(loaded, feed=feed, fetch_list=[loss.name], scope=scope)
+    np.testing.assert_array_equal(got, expected)
