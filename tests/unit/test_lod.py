@@ -260,7 +260,8 @@ def _mixed_model():
         pooled = layers.sequence_pool(layers.embedding(ids2, size=[20, 4], is_sparse=True, param_attr="T"), "sum")
         emb = layers.embedding(ids, size=[20, 4], is_sparse=True, param_attr="T")
         rowwise = layers.sequence_pool(layers.fc(emb, 4, act="relu"), "max")
-        logit = layers.fc(layers.concat([pooled, rowwise], axis=1), 1)
+        also_pooled = layers.sequence_pool(emb, "average")  # the same lookup feeds two ops
+        logit = layers.fc(layers.concat([pooled, rowwise, also_pooled], axis=1), 1)
         loss = layers.mean(layers.sigmoid_cross_entropy_with_logits(logit, y))
         optimizer.SGD(0.3).minimize(loss)
     startup.random_seed = 5
@@ -278,6 +279,7 @@ def _train(main, startup, loss, steps=4):
 
 
 def test_a_lookup_feeding_a_row_by_row_op_is_not_fused_and_training_is_unchanged(monkeypatch):
+    # ids2's lookup feeds only a sequence_pool (fused); ids' feeds an fc and a sequence_pool
     main, startup, loss = _mixed_model()
     types = [op.type for op in passes.optimize_for_execution(main)]
     assert types.count("fused_embedding_seq_pool") == 1 and types.count("lookup_table") == 1
