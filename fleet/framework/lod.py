@@ -29,7 +29,7 @@ from fleet.errors import ConfigError
 DENSE, ROWWISE, SEQUENCE = "dense", "rowwise", "sequence"
 
 # op type -> the layer users call (for messages); other ops are named by their type.
-_LAYER_NAMES = {"lookup_table": "embedding", "sum": "sums", "fill_constant": "fill_constant"}
+_LAYER_NAMES = {"lookup_table": "embedding", "sum": "sums"}
 
 POOL_HINT = "pool the sequence first with layers.sequence_pool(emb, 'sum') where emb is {name!r}"
 

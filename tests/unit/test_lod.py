@@ -152,14 +152,19 @@ def test_row_by_row_ops_keep_the_lod_of_their_input_at_build_and_at_run_time():
         emb = layers.embedding(ids, size=[10, 4])
         outs = [layers.fc(emb, 3), layers.relu(emb), layers.scale(emb, 2.0),
                 layers.elementwise_mul(emb, layers.create_parameter([4], name="w")),
-                layers.reshape(emb, [-1, 2, 2]), layers.reduce_sum(emb, dim=1), layers.cast(emb, "float64")]
+                layers.reshape(emb, [-1, 2, 2]), layers.reduce_sum(emb, dim=1), layers.cast(emb, "float64"),
+                layers.batch_norm(emb), layers.layer_norm(emb), layers.dropout(emb, 0.5),
+                layers.matmul(emb, layers.create_parameter([4, 2], name="m")), layers.slice(emb, [1], [1], [3]),
+                layers.split(emb, 2, dim=1)[1], emb[:, 0], 1 - emb]
         assert all(o.lod_level == 1 for o in outs)
         return outs
 
     main, scope, exe, outs = _lod_program(build)
     values = exe.run(main, feed={"ids": ([1, 2, 3, 4], [1, 3])}, fetch_list=outs, scope=scope,
                      return_numpy=False)
-    shapes = [(4, 3), (4, 4), (4, 4), (4, 4), (4, 2, 2), (4,), (4, 4)]
+    shapes = [(4, 3), (4, 4), (4, 4), (4, 4), (4, 2, 2), (4,), (4, 4), (4, 4), (4, 4), (4, 4), (4, 2), (4, 2),
+              (4, 2), (4,), (4, 4)]
+    assert len(values) == len(shapes)
     for value, shape in zip(values, shapes):
         assert isinstance(value, LoDTensor)
         np.testing.assert_array_equal(value.offsets, [0, 1, 4])

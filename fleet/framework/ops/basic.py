@@ -182,8 +182,9 @@ class Reshape(OpDef):
         shape = list(op.attr("shape"))
         row = int(np.prod(x.shape[1:])) if len(x.shape) > 1 else 1
         rest = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)][1:]
-        keeps_rows = shape and shape[0] in (0, -1) and all(d > 0 for d in rest) and int(np.prod(rest)) == row
-        if not keeps_rows or min(x.shape[1:], default=1) < 0:
+        keeps_rows = (bool(shape) and shape[0] in (0, -1) and all(d > 0 for d in rest)
+                      and int(np.prod(rest)) == row and min(x.shape[1:], default=1) >= 0)
+        if not keeps_rows:
             raise lod.refuse(op, x, f"reshape to {shape} does not keep one row per id (the first "
                                     f"dimension must stay 0 or -1, the others hold {row} values)")
 
