@@ -295,3 +295,51 @@ def test_a_lookup_feeding_a_row_by_row_op_is_not_fused_and_training_is_unchanged
     np.testing.assert_array_equal(fused[0], plain[0])
     np.testing.assert_array_equal(fused[1], plain[1])
     assert fused[0][-1] < fused[0][0]
+
+
+# ------------------------------------------------------------------ from a dataset, with threads
+def _dataset_program(reduce):
+    from strategies import BuildStrategy, ReduceStrategy
+
+    fw.unique_name.reset()
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        x = layers.data("x", shape=[2])
+        slots = [layers.data(f"s{i}", shape=[1], dtype="int64", lod_level=1) for i in range(3)]
+        y = layers.data("y", shape=[1], dtype="int64")
+        embs = [layers.embedding(s, size=[300, 4], is_sparse=True, param_attr="table") for s in slots]
+        per_id = layers.fc(embs[0], 4, act="tanh")  # one row per id of slot 0
+        pooled = [layers.sequence_pool(per_id, "sum")] + [layers.sequence_pool(e, "average") for e in embs[1:]]
+        pred = layers.fc(layers.concat(pooled + [x], axis=1), 2, act="softmax")
+        optimizer.Adam(0.01).minimize(layers.mean(layers.cross_entropy(pred, y)))
+    startup.random_seed = 4
+    if reduce:
+        main._build_strategy = BuildStrategy()
+        main._build_strategy.reduce_strategy = ReduceStrategy.Reduce
+    return main, startup, [x, *slots, y]
+
+
+def _train_from_files(path, threads, reduce):
+    import fleet
+
+    main, startup, inputs = _dataset_program(reduce)
+    scope, exe = fw.Scope(), fw.Executor()
+    exe.run(startup, scope=scope)
+    ds = fleet.DatasetFactory().create_dataset("QueueDataset")
+    ds.set_use_var(inputs)
+    ds.set_batch_size(50)
+    ds.set_thread(1)
+    ds.set_filelist([path])
+    assert exe.train_from_dataset(main, ds, scope=scope, thread=threads, print_period=0)["examples"] == 300
+    return {p.name: scope[p.name].copy() for p in main.all_parameters()}
+
+
+def test_row_by_row_ops_on_sequences_train_from_a_dataset_with_reduce_threads_as_with_one(tmp_path):
+    from test_thread_equivalence import _write_data
+
+    path = str(tmp_path / "part0")
+    _write_data(path, 300, 0)
+    want = _train_from_files(path, 1, reduce=False)
+    got = _train_from_files(path, 2, reduce=True)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
