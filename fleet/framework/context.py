@@ -1,7 +1,9 @@
 """The per-op execution context handed to ``OpDef.forward`` / ``OpDef.backward``."""
 import numpy as np
 
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, DataError
+from fleet.framework.lod import ROWWISE, layer_name
+from fleet.framework.tensor import LoDTensor
 
 
 class OpContext:
@@ -9,23 +11,68 @@ class OpContext:
 
     Temporaries go to the runner's private dict (``local``); persistable variables go to
     the scope that holds them. Not thread-safe: each training thread has its own contexts.
+
+    For a ROWWISE op (``fleet.framework.lod``) the context hides the LoD: inputs that are
+    LoDTensors are read as their values, and an output whose variable is lod_level=1 is
+    stored as a LoDTensor with the offsets of the op's lod_level=1 inputs (which must
+    agree).
     """
 
-    __slots__ = ("op", "attrs", "local", "scope", "persistable", "runner")
+    __slots__ = ("op", "attrs", "local", "scope", "persistable", "runner", "rowwise", "_lod_in",
+                 "_lod_out")
 
     def __init__(self, op, local, scope, persistable, runner=None):
+        from fleet.framework.registry import get_op_def
+
         self.op = op
         self.attrs = op.attrs
         self.local = local
         self.scope = scope
         self.persistable = persistable
         self.runner = runner
+        self.rowwise = get_op_def(op.type).lod == ROWWISE
+        if self.rowwise:
+            block = op.block
+            is_lod = lambda n: n in block.vars and block.vars[n].lod_level > 0  # noqa: E731
+            self._lod_in = [n for n in op.input_arg_names if is_lod(n)]
+            self._lod_out = frozenset(n for n in op.output_arg_names if is_lod(n))
+        else:
+            self._lod_in, self._lod_out = (), frozenset()
 
-    def _get(self, name):
+    def _raw(self, name):
         value = self.local.get(name)
         if value is None:
             value = self.scope.find_var(name)
         return value
+
+    def _get(self, name):
+        value = self._raw(name)
+        if self.rowwise and type(value) is LoDTensor:
+            return value.values
+        return value
+
+    def _offsets(self, out_name):
+        """The offsets of the op's lod_level=1 inputs (a ROWWISE op's output gets them).
+
+        Raises:
+            DataError: two inputs have different sequence lengths.
+        """
+        found = found_name = None
+        for name in self._lod_in:
+            value = self._raw(name)
+            if type(value) is not LoDTensor:
+                continue
+            if found is None:
+                found, found_name = value.offsets, name
+            elif value.offsets is not found and not np.array_equal(value.offsets, found):
+                raise DataError(
+                    f"{layer_name(self.op)}: {found_name!r} and {name!r} are sequences of different "
+                    f"lengths ({np.diff(found).tolist()[:8]} and {np.diff(value.offsets).tolist()[:8]}); "
+                    f"row-by-row ops need the same lengths: pool each with layers.sequence_pool first")
+        if found is None:
+            raise DataError(f"{layer_name(self.op)}: output {out_name!r} is lod_level=1 but no input "
+                            f"of {self._lod_in} holds sequences at this point")
+        return found
 
     def input(self, slot, index=0):
         """Returns the value of input ``slot`` (its ``index``-th name).
@@ -66,6 +113,8 @@ class OpContext:
     def set_output(self, slot, value, index=0):
         name = self.output_name(slot, index)
         if name:
+            if name in self._lod_out and isinstance(value, np.ndarray):
+                value = LoDTensor(value, self._offsets(name))
             self._set(name, value)
 
     def _set(self, name, value):
@@ -80,6 +129,8 @@ class OpContext:
         match the previous step's (saves the allocation and page faults of a new one)."""
         name = self.output_name(slot, index)
         prev = self.local.get(name)
+        if type(prev) is LoDTensor:
+            prev = prev.values
         if isinstance(prev, np.ndarray) and prev.shape == tuple(shape) and prev.dtype == dtype:
             return prev
         return np.empty(shape, dtype=dtype)

@@ -222,8 +222,9 @@ class Block:
 
         op = Operator(self, type, inputs, outputs, attrs)
         opdef = get_op_def(type)
-        if has_op(type):  # grad ops take their shapes from the forward variables
+        if has_op(type):  # grad ops take their shapes and lod levels from the forward variables
             opdef.infer_shape(op, self)
+            opdef.infer_lod(op, self)
         self.ops.append(op)
         self.program._bump()
         return op

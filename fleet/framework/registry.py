@@ -4,6 +4,7 @@ Layers above the framework register their own ops here (the transpiler's send an
 prefetch ops) with ``register_op``.
 """
 from fleet.errors import ConfigError
+from fleet.framework.lod import DENSE, check as check_lod
 
 _OPS = {}
 
@@ -19,13 +20,36 @@ class OpDef:
     the forward inputs and outputs the same way, the output gradients with
     ``ctx.input(slot + "@GRAD")`` (None when no gradient flows) and writes input gradients
     with ``ctx.set_output(slot + "@GRAD", value)`` (skipped where not wanted).
+
+    ``lod`` says what the op does with lod_level=1 inputs (``fleet.framework.lod``: DENSE
+    refuses them at build time, ROWWISE works on their values row by row and passes the
+    LoD to the ``lod_outputs`` slots, SEQUENCE reads LoDTensors itself).
     """
 
     type = None
     grad_slots = ()
+    lod = DENSE
+    lod_outputs = ("Out",)
 
     def infer_shape(self, op, block):
         """Sets the shapes and dtypes of the op's outputs at build time (optional)."""
+
+    def infer_lod(self, op, block):
+        """Checks lod_level=1 inputs against ``lod`` and sets the outputs' lod levels.
+
+        Raises:
+            ConfigError: an input the op cannot take (names the layer and the fix).
+        """
+        check_lod(self, op, block)
+
+    def check_rowwise(self, op, block, seqs):
+        """ROWWISE ops: refuses (raises ConfigError) attribute values that would mix the
+        rows of different examples, e.g. concat along axis 0. ``seqs``: the lod_level=1
+        input variables."""
+
+    def lod_outputs_of(self, op):
+        """The output slots that carry the LoD of a ROWWISE op's inputs."""
+        return self.lod_outputs
 
     def forward(self, ctx):
         raise NotImplementedError(f"op {self.type} has no forward")

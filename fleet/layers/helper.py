@@ -34,6 +34,12 @@ def create_parameter(layer_name, attr, shape, dtype="float32", default_initializ
     return param
 
 
+def layer_name(kind, name=None):
+    """The name a layer gives its parameters and outputs (Paddle's LayerHelper): ``name``
+    when given (``fc(..., name="tower")`` makes "tower.w_0"), else "<kind>_<n>"."""
+    return name if name else unique_name.generate(kind)
+
+
 def create_tmp(prefix, shape, dtype="float32", lod_level=0, stop_gradient=False):
     return main_block().create_var(name=unique_name.generate(f"{prefix}.tmp"), shape=shape,
                                    dtype=dtype, lod_level=lod_level, stop_gradient=stop_gradient)

@@ -10,7 +10,8 @@ def data(name, shape, dtype="float32", lod_level=0, append_batch_size=True, stop
     Args:
         name: the feed name.
         shape: per-example shape (the batch dimension -1 is prepended unless
-            ``append_batch_size`` is False or shape already starts with -1).
+            ``append_batch_size`` is False or shape already starts with -1). None stands
+            for -1, so ``fluid.data``'s shapes ([None, 13]) mean the same here.
         dtype: "float32" or "int64" (ids).
         lod_level: 1 for variable-length sequences fed as (values, lengths).
 
@@ -19,7 +20,7 @@ def data(name, shape, dtype="float32", lod_level=0, append_batch_size=True, stop
     """
     if not isinstance(name, str) or not name:
         raise ConfigError(f"data name must be a non-empty str, got {name!r}")
-    shape = [int(d) for d in shape]
+    shape = [-1 if d is None else int(d) for d in shape]
     if append_batch_size and (not shape or shape[0] != -1):
         shape = [-1] + shape
     if lod_level not in (0, 1):

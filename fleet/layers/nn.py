@@ -3,11 +3,12 @@ import math
 
 from fleet.errors import ConfigError
 from fleet.framework.program import normalize_dtype
-from fleet.layers.helper import append_op, check_var, create_tmp
+from fleet.layers.activation import apply_act, check_act
+from fleet.layers.helper import append_op, check_var, create_tmp, layer_name
 from fleet.layers.helper import create_parameter as _new_parameter
 from fleet.param_attr import ParamAttr
 
-_ACTS = (None, "relu", "sigmoid", "tanh", "softmax")
+_FUSED_ACTS = (None, "relu", "sigmoid", "tanh", "softmax")  # computed inside the fc op
 
 
 def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=None, name=None,
@@ -19,20 +20,25 @@ def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=Non
         size: output width.
         num_flatten_dims: leading dims kept; the rest are flattened into the width.
         param_attr / bias_attr: ParamAttr, name, or (bias_attr only) False for no bias.
-        act: None, "relu", "sigmoid", "tanh" or "softmax".
+        act: None or an activation of ``fleet.layers.activation.ACTS`` ("relu",
+            "sigmoid", "tanh", "softmax", "square", "leaky_relu", ...).
+        name: prefix of the parameters' names (default "fc_<n>"): name="tower" gives
+            "tower.w_0" and "tower.b_0", as Paddle.
 
     Returns:
-        The output Variable [batch, size].
+        The output Variable [batch, size]; on a lod_level=1 input one row per id, with its
+        LoD.
+
+    Raises:
+        ConfigError: an unknown act, a size that is not a positive int, or input dims after
+            ``num_flatten_dims`` that are not known.
     """
-    if act not in _ACTS:
-        raise ConfigError(f"fc act={act!r} is not supported; use one of {_ACTS}")
+    check_act(act, "fc")
     if not isinstance(size, int) or size <= 0:
         raise ConfigError(f"fc size={size!r} must be a positive int")
     inputs = input if isinstance(input, (list, tuple)) else [input]
-    layer = name or "fc"
-    from fleet.framework.program import unique_name
-
-    layer = unique_name.generate(layer)
+    layer = layer_name("fc", name)
+    fused_act, act = (act, None) if act in _FUSED_ACTS else (None, act)
     param_attrs = param_attr if isinstance(param_attr, (list, tuple)) else [param_attr] * len(inputs)
     bias = None
     if bias_attr is not False:
@@ -42,8 +48,8 @@ def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=Non
         w = _fc_weight(layer, x, size, num_flatten_dims, param_attrs[0])
         out = create_tmp(layer, _fc_out_shape(x, num_flatten_dims, size))
         append_op("fc", {"Input": x, "W": w, "Bias": bias}, {"Out": out},
-                  {"act": act, "in_num_col_dims": num_flatten_dims})
-        return out
+                  {"act": fused_act, "in_num_col_dims": num_flatten_dims})
+        return apply_act(out, act, "fc")
     partial = []
     for x, attr in zip(inputs, param_attrs):
         check_var(x, "input", "fc")
@@ -58,11 +64,7 @@ def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=Non
         append_op("elementwise_add", {"X": total, "Y": bias}, {"Out": biased},
                   {"axis": num_flatten_dims})
         total = biased
-    if act:
-        out = create_tmp(layer, total.shape)
-        append_op(act, {"X": total}, {"Out": out})
-        total = out
-    return total
+    return apply_act(total, fused_act or act, "fc")
 
 
 def _fc_out_shape(x, num_flatten_dims, size):
@@ -154,13 +156,25 @@ def concat(input, axis=0, name=None):
     return out
 
 
-def reshape(x, shape, inplace=False, name=None):
-    """Reshapes (0 keeps the input's dim, -1 is inferred)."""
+def reshape(x, shape, actual_shape=None, act=None, inplace=False, name=None):
+    """Reshapes x (a 0 keeps the input's dim, one -1 is inferred).
+
+    On a lod_level=1 input the rows (one per id) must stay rows: the first dim 0 or -1.
+
+    Raises:
+        ConfigError: ``actual_shape`` (a Variable) is given, or an unknown ``act``.
+    """
     check_var(x, "x", "reshape")
+    if actual_shape is not None:
+        raise ConfigError("reshape actual_shape (a shape computed at run time) is not supported; "
+                          "pass the shape as a list with 0 and -1")
+    shape = [int(d) for d in shape]
+    if shape.count(-1) > 1:
+        raise ConfigError(f"reshape shape={shape} has more than one -1; only one dim can be inferred")
     shown = tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape))
     out = create_tmp(name or "reshape", shown, x.dtype)
-    append_op("reshape", {"X": x}, {"Out": out}, {"shape": list(shape)})
-    return out
+    append_op("reshape", {"X": x}, {"Out": out}, {"shape": shape})
+    return apply_act(out, act, "reshape")
 
 
 def scale(x, scale=1.0, bias=0.0, bias_after_scale=True, act=None, name=None):
@@ -169,7 +183,7 @@ def scale(x, scale=1.0, bias=0.0, bias_after_scale=True, act=None, name=None):
     out = create_tmp(name or "scale", x.shape, x.dtype, x.lod_level)
     append_op("scale", {"X": x}, {"Out": out},
               {"scale": float(scale), "bias": float(bias), "bias_after_scale": bias_after_scale})
-    return out
+    return apply_act(out, act, "scale")
 
 
 def cast(x, dtype):

@@ -81,7 +81,7 @@ def _check_shape(var, value):
 
 
 def check_grads(build, feed, eps=EPS, rtol=RTOL, atol=ATOL, max_checks=40, params=None,
-                indices=None, seed=0):
+                indices=None, seed=0, train_forward=False):
     """Checks the backward of the ops ``build()`` appends against finite differences.
 
     Args:
@@ -94,6 +94,9 @@ def check_grads(build, feed, eps=EPS, rtol=RTOL, atol=ATOL, max_checks=40, param
         params: {parameter name: value} assigned in the scope after the startup program.
         indices: {name: flat indices} to perturb instead of a random subset.
         seed: seeds the program's initializers, the loss weights and the subsets.
+        train_forward: evaluate the finite differences with the training forward (ops keep
+            their own ``is_test``) instead of the test clone's; for ops that behave
+            differently at test time (dropout with a fixed seed, batch_norm).
 
     Returns:
         A GradResult.
@@ -116,12 +119,19 @@ def check_grads(build, feed, eps=EPS, rtol=RTOL, atol=ATOL, max_checks=40, param
     _check_shape(out, value)
     out_values = np.array(value.values if isinstance(value, LoDTensor) else value, dtype=np.float32)
     weight = rng.uniform(0.5, 1.5, out_values.shape) * rng.choice([-1.0, 1.0], out_values.shape)
-    feed[LOSS_WEIGHT] = weight.astype(np.float32)
+    # a lod_level=1 output gets a weight with its LoD (one row per id, like the output)
+    feed[LOSS_WEIGHT] = (LoDTensor(weight.astype(np.float32), value.offsets)
+                         if isinstance(value, LoDTensor) else weight.astype(np.float32))
     with fw.program_guard(main, startup):
-        w = layers.data(LOSS_WEIGHT, shape=list(out.shape), dtype="float32", append_batch_size=False)
+        w = layers.data(LOSS_WEIGHT, shape=list(out.shape), dtype="float32", append_batch_size=False,
+                        lod_level=out.lod_level)
         loss = layers.reduce_sum(layers.elementwise_mul(out, w))
+        is_test = [op.attrs.get("is_test") for op in main.global_block().ops]
         fw.append_backward(loss, parameter_list=wrt)
     test = main.clone(for_test=True)
+    if train_forward:  # the clone keeps the forward ops in order
+        for op, flag in zip(test.global_block().ops, is_test):
+            op.attrs["is_test"] = bool(flag)
 
     result = GradResult()
     result.out, result.main, result.scope = out_values, main, scope

@@ -42,6 +42,7 @@ def test_data_prepends_the_batch_dimension_unless_told_not_to():
     assert layers.data("c", shape=[2, 3], append_batch_size=False).shape == (2, 3)
     d = layers.data("d", shape=[1], dtype="int64", lod_level=1)
     assert d.lod_level == 1 and d.dtype == "int64" and d.is_data and d.stop_gradient
+    assert layers.data("e", shape=[None, 13]).shape == (-1, 13)  # fluid.data's None batch dim
 
 
 def test_data_refuses_a_duplicate_name_and_unsupported_lod_levels():

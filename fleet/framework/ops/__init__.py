@@ -1,2 +1,4 @@
 """The built-in ops. Importing this package registers them."""
-from fleet.framework.ops import basic, math_ops, nn, metrics, optimize, saved_table  # noqa: F401
+from fleet.framework.ops import (activation_ops, basic, linalg_ops, loss_ops, math_ops,  # noqa: F401
+                                 metrics, nn, norm_ops, optimize, reduce_ops, saved_table,
+                                 sequence_ops, shape_ops)

@@ -2,8 +2,9 @@
 import numpy as np
 
 from fleet.errors import ConfigError
+from fleet.framework import lod
 from fleet.framework.registry import OpDef, register_op
-from fleet.framework.tensor import LoDTensor, SparseRows
+from fleet.framework.tensor import SparseRows
 
 NP = {"float32": np.float32, "int64": np.int64, "float64": np.float64, "int32": np.int32,
       "bool": np.bool_}
@@ -85,6 +86,7 @@ class Sum(OpDef):
 
     type = "sum"
     grad_slots = ("X",)
+    lod = lod.ROWWISE
 
     def forward(self, ctx):
         xs = [x for x in ctx.inputs("X") if x is not None]
@@ -101,12 +103,6 @@ class Sum(OpDef):
                     total += d
                 out = total
             ctx.set_output("Out", out)
-            return
-        if isinstance(xs[0], LoDTensor):
-            total = xs[0].values.copy()
-            for x in xs[1:]:
-                total += x.values
-            ctx.set_output("Out", LoDTensor(total, xs[0].offsets))
             return
         out = ctx.buffer("Out", xs[0].shape, xs[0].dtype)
         np.copyto(out, xs[0])
@@ -130,6 +126,7 @@ class Scale(OpDef):
 
     type = "scale"
     grad_slots = ("X",)
+    lod = lod.ROWWISE
 
     def infer_shape(self, op, block):
         x = block.var(op.input("X")[0])
@@ -140,22 +137,26 @@ class Scale(OpDef):
         x = ctx.input("X")
         a = ctx.attrs
         s, b = np.float32(a.get("scale", 1.0)), np.float32(a.get("bias", 0.0))
-        vals = x.values if isinstance(x, LoDTensor) else x
-        out = vals * s + b if a.get("bias_after_scale", True) else (vals + b) * s
-        ctx.set_output("Out", LoDTensor(out, x.offsets) if isinstance(x, LoDTensor) else out.astype(vals.dtype, copy=False))
+        out = ctx.buffer("Out", x.shape, x.dtype)
+        if a.get("bias_after_scale", True):
+            np.multiply(x, s, out=out, casting="unsafe")
+            out += b.astype(x.dtype)
+        else:
+            np.add(x, b, out=out, casting="unsafe")
+            out *= s.astype(x.dtype)
+        ctx.set_output("Out", out)
 
     def backward(self, ctx):
         g = ctx.input("Out@GRAD")
-        s = np.float32(ctx.attrs.get("scale", 1.0))
-        if isinstance(g, LoDTensor):
-            ctx.set_output("X@GRAD", LoDTensor(g.values * s, g.offsets))
-        else:
-            ctx.set_output("X@GRAD", g * s)
+        dx = ctx.buffer("X@GRAD", g.shape, g.dtype)
+        np.multiply(g, np.float32(ctx.attrs.get("scale", 1.0)), out=dx, casting="unsafe")
+        ctx.set_output("X@GRAD", dx)
 
 
 @register_op
 class Cast(OpDef):
     type = "cast"
+    lod = lod.ROWWISE
 
     def infer_shape(self, op, block):
         x = block.var(op.input("X")[0])
@@ -168,8 +169,24 @@ class Cast(OpDef):
 
 @register_op
 class Reshape(OpDef):
+    """Out = X with another shape (0 keeps the input's dim, one -1 is inferred). A
+    lod_level=1 input keeps its LoD when its rows stay rows (Paddle shares the LoD when the
+    first dimension is unchanged)."""
+
     type = "reshape"
     grad_slots = ("X",)
+    lod = lod.ROWWISE
+
+    def check_rowwise(self, op, block, seqs):
+        x = block.var(op.input("X")[0])
+        shape = list(op.attr("shape"))
+        row = int(np.prod(x.shape[1:])) if len(x.shape) > 1 else 1
+        rest = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)][1:]
+        keeps_rows = (bool(shape) and shape[0] in (0, -1) and all(d > 0 for d in rest)
+                      and int(np.prod(rest)) == row and min(x.shape[1:], default=1) >= 0)
+        if not keeps_rows:
+            raise lod.refuse(op, x, f"reshape to {shape} does not keep one row per id (the first "
+                                    f"dimension must stay 0 or -1, the others hold {row} values)")
 
     def forward(self, ctx):
         x = ctx.input("X")
@@ -186,8 +203,12 @@ class Reshape(OpDef):
 
 @register_op
 class Concat(OpDef):
+    """Out = X joined along ``axis``; lod_level=1 inputs (with the same sequence lengths)
+    join row by row along an axis >= 1."""
+
     type = "concat"
     grad_slots = ("X",)
+    lod = lod.ROWWISE
 
     def infer_shape(self, op, block):
         xs = [block.var(n) for n in op.input("X")]
@@ -206,6 +227,15 @@ class Concat(OpDef):
         out = _out_var(op, block)
         out.shape, out.dtype = tuple(shape), xs[0].dtype
         op.attrs["axis"] = axis
+
+    def check_rowwise(self, op, block, seqs):
+        plain = [block.var(n) for n in op.input("X") if not block.var(n).lod_level]
+        if plain:
+            raise ConfigError(lod.mixed_message("concat", seqs[0], plain[0]))
+        if op.attr("axis") == 0:
+            raise lod.refuse(op, seqs[0], "concat along axis 0 would stack the ids of different "
+                                          "batches; join sequences along axis 1",
+                             "use axis=1, or " + lod.POOL_HINT.format(name=seqs[0].name))
 
     def forward(self, ctx):
         xs = ctx.inputs("X")

@@ -1,22 +1,15 @@
-"""Element-wise arithmetic, activations and reductions."""
+"""Element-wise binary ops with Paddle's ``axis`` broadcasting: add, sub, mul, div, max,
+min and pow."""
 import numpy as np
 
+from fleet.framework import lod
 from fleet.framework.registry import OpDef, register_op
-from fleet.framework.tensor import LoDTensor
-
-
-def _vals(x):
-    return x.values if isinstance(x, LoDTensor) else x
-
-
-def _like(x, values):
-    return LoDTensor(values, x.offsets) if isinstance(x, LoDTensor) else values
 
 
 def _broadcast_y(x, y, axis):
     """Reshapes y for numpy broadcasting against x with Paddle's ``axis`` rule: y's dims
     match x's dims starting at ``axis`` (-1: aligned to x's trailing dims)."""
-    if y.shape == x.shape or y.ndim == 0:
+    if y.ndim == x.ndim or y.ndim == 0:  # same rank: numpy broadcasting, axis unused (Paddle)
         return y
     if axis == -1 or axis is None:
         axis = x.ndim - y.ndim
@@ -39,45 +32,64 @@ def _reduce_to(g, shape):
 
 
 class _Elementwise(OpDef):
+    """Out = f(X, Y) with Y broadcast onto X from dim ``axis`` of X (-1: Y aligned to X's
+    trailing dims). On lod_level=1 values it works row by row: Y is then lod_level=1 with
+    the same lengths, or has no batch dimension (a parameter or a constant)."""
+
     grad_slots = ("X", "Y")
+    lod = lod.ROWWISE
 
     def infer_shape(self, op, block):
         x = block.var(op.input("X")[0])
         out = block.var(op.output("Out")[0])
         out.shape, out.dtype, out.lod_level = x.shape, x.dtype, x.lod_level
 
+    def check_rowwise(self, op, block, seqs):
+        x = block.var(op.input("X")[0])
+        if not x.lod_level:
+            raise lod.refuse(op, seqs[0], f"as y it would be broadcast onto x {x.name!r}, which "
+                                          f"has no row per id",
+                             "make the lod_level=1 value x (the first operand)")
+
     def forward(self, ctx):
         x, y = ctx.input("X"), ctx.input("Y")
-        xv = _vals(x)
-        yv = _broadcast_y(xv, _vals(y), ctx.attrs.get("axis", -1))
-        ctx.set_output("Out", _like(x, self.compute(xv, yv)))
+        yb = _broadcast_y(x, y, ctx.attrs.get("axis", -1))
+        out = ctx.buffer("Out", np.broadcast_shapes(x.shape, yb.shape), x.dtype)
+        self.compute(x, yb, out)
+        ctx.set_output("Out", out)
 
     def backward(self, ctx):
-        x, y = ctx.input("X"), ctx.input("Y")
-        g = _vals(ctx.input("Out@GRAD"))
-        xv, yv0 = _vals(x), _vals(y)
-        yv = _broadcast_y(xv, yv0, ctx.attrs.get("axis", -1))
-        gx, gy = self.grads(xv, yv, g)
+        x, y0 = ctx.input("X"), ctx.input("Y")
+        g = ctx.input("Out@GRAD")
+        y = _broadcast_y(x, y0, ctx.attrs.get("axis", -1))
+        gx, gy = self.grads(ctx, x, y, g)
         # A gradient already of its input's shape is used as is: np.broadcast_to would make
         # it a read-only view (and numba compiles a second, read-only kernel signature).
         if ctx.wants("X@GRAD"):
-            if gx.shape != xv.shape:
-                gx = _reduce_to(np.broadcast_to(gx, xv.shape), xv.shape)
-            ctx.set_output("X@GRAD", _like(x, gx))
+            if gx.shape != x.shape:
+                gx = _reduce_to(np.broadcast_to(gx, x.shape), x.shape)
+            ctx.set_output("X@GRAD", np.ascontiguousarray(gx, dtype=x.dtype))
         if ctx.wants("Y@GRAD"):
-            if gy.shape != yv.shape:
-                gy = _reduce_to(np.broadcast_to(gy, np.broadcast_shapes(xv.shape, yv.shape)), yv.shape)
-            ctx.set_output("Y@GRAD", _like(y, np.ascontiguousarray(gy.reshape(yv0.shape))))
+            if gy.shape != y.shape:
+                gy = _reduce_to(np.broadcast_to(gy, np.broadcast_shapes(x.shape, y.shape)), y.shape)
+            ctx.set_output("Y@GRAD", np.ascontiguousarray(gy.reshape(y0.shape), dtype=y0.dtype))
+
+    def compute(self, x, y, out):
+        raise NotImplementedError
+
+    def grads(self, ctx, x, y, g):
+        """Returns (dX, dY) before the broadcast dims are summed away."""
+        raise NotImplementedError
 
 
 @register_op
 class ElementwiseAdd(_Elementwise):
     type = "elementwise_add"
 
-    def compute(self, x, y):
-        return x + y
+    def compute(self, x, y, out):
+        np.add(x, y, out=out)
 
-    def grads(self, x, y, g):
+    def grads(self, ctx, x, y, g):
         return g, g
 
 
@@ -85,10 +97,10 @@ class ElementwiseAdd(_Elementwise):
 class ElementwiseSub(_Elementwise):
     type = "elementwise_sub"
 
-    def compute(self, x, y):
-        return x - y
+    def compute(self, x, y, out):
+        np.subtract(x, y, out=out)
 
-    def grads(self, x, y, g):
+    def grads(self, ctx, x, y, g):
         return g, -g
 
 
@@ -96,10 +108,10 @@ class ElementwiseSub(_Elementwise):
 class ElementwiseMul(_Elementwise):
     type = "elementwise_mul"
 
-    def compute(self, x, y):
-        return x * y
+    def compute(self, x, y, out):
+        np.multiply(x, y, out=out)
 
-    def grads(self, x, y, g):
+    def grads(self, ctx, x, y, g):
         return g * y, g * x
 
 
@@ -107,129 +119,52 @@ class ElementwiseMul(_Elementwise):
 class ElementwiseDiv(_Elementwise):
     type = "elementwise_div"
 
-    def compute(self, x, y):
-        return x / y
+    def compute(self, x, y, out):
+        np.divide(x, y, out=out)
 
-    def grads(self, x, y, g):
+    def grads(self, ctx, x, y, g):
         return g / y, -g * x / (y * y)
 
 
-class _Activation(OpDef):
-    grad_slots = ("X",)
+@register_op
+class ElementwiseMax(_Elementwise):
+    """max(X, Y); where they tie the gradient goes to Y (Paddle: dX = dOut * (X > Y))."""
 
-    def infer_shape(self, op, block):
-        x = block.var(op.input("X")[0])
-        out = block.var(op.output("Out")[0])
-        out.shape, out.dtype, out.lod_level = x.shape, x.dtype, x.lod_level
+    type = "elementwise_max"
 
-    def forward(self, ctx):
-        x = ctx.input("X")
-        xv = _vals(x)
-        out = ctx.buffer("Out", xv.shape, xv.dtype) if not isinstance(x, LoDTensor) else np.empty_like(xv)
-        self.compute(xv, out)
-        ctx.set_output("Out", _like(x, out))
+    def compute(self, x, y, out):
+        np.maximum(x, y, out=out)
 
-    def backward(self, ctx):
-        x = ctx.input("X")
-        out = _vals(ctx.input("Out"))
-        g = _vals(ctx.input("Out@GRAD"))
-        ctx.set_output("X@GRAD", _like(x, self.grad(out, g)))
+    def grads(self, ctx, x, y, g):
+        wins = x > y
+        return g * wins, g * ~wins
 
 
 @register_op
-class Relu(_Activation):
-    type = "relu"
+class ElementwiseMin(_Elementwise):
+    """min(X, Y); where they tie the gradient goes to Y (Paddle: dX = dOut * (X < Y))."""
 
-    def compute(self, x, out):
-        np.maximum(x, 0, out=out)
+    type = "elementwise_min"
 
-    def grad(self, out, g):
-        return g * (out > 0)
+    def compute(self, x, y, out):
+        np.minimum(x, y, out=out)
 
-
-@register_op
-class Sigmoid(_Activation):
-    type = "sigmoid"
-
-    def compute(self, x, out):
-        np.negative(x, out=out)
-        np.exp(out, out=out)
-        out += 1
-        np.reciprocal(out, out=out)
-
-    def grad(self, out, g):
-        return g * out * (1 - out)
+    def grads(self, ctx, x, y, g):
+        wins = x < y
+        return g * wins, g * ~wins
 
 
 @register_op
-class Tanh(_Activation):
-    type = "tanh"
+class ElementwisePow(_Elementwise):
+    """X ** Y; dX = dOut * Y * X**(Y-1), dY = dOut * log(X) * X**Y (X > 0 for dY)."""
 
-    def compute(self, x, out):
-        np.tanh(x, out=out)
+    type = "elementwise_pow"
 
-    def grad(self, out, g):
-        return g * (1 - out * out)
+    def compute(self, x, y, out):
+        np.power(x, y, out=out)
 
-
-@register_op
-class Softmax(_Activation):
-    type = "softmax"
-
-    def compute(self, x, out):
-        softmax_into(x, out)
-
-    def grad(self, out, g):
-        return out * (g - (g * out).sum(axis=-1, keepdims=True))
-
-
-def softmax_into(x, out):
-    """Row-wise softmax of x (last axis) into out, shifted by the row max for stability."""
-    np.subtract(x, x.max(axis=-1, keepdims=True), out=out)
-    np.exp(out, out=out)
-    out /= out.sum(axis=-1, keepdims=True)
-
-
-@register_op
-class Mean(OpDef):
-    type = "mean"
-    grad_slots = ("X",)
-
-    def forward(self, ctx):
-        x = _vals(ctx.input("X"))
-        ctx.set_output("Out", np.array([x.mean(dtype=np.float32)], dtype=np.float32))
-
-    def backward(self, ctx):
-        x = ctx.input("X")
-        xv = _vals(x)
-        g = _vals(ctx.input("Out@GRAD"))
-        ctx.set_output("X@GRAD", _like(x, np.full(xv.shape, g.reshape(-1)[0] / max(xv.size, 1), dtype=np.float32)))
-
-
-@register_op
-class ReduceSum(OpDef):
-    type = "reduce_sum"
-    grad_slots = ("X",)
-
-    def _axes(self, ctx, ndim):
-        dim = ctx.attrs.get("dim")
-        if dim is None or ctx.attrs.get("reduce_all", False):
-            return tuple(range(ndim))
-        dims = dim if isinstance(dim, (list, tuple)) else [dim]
-        return tuple(d + ndim if d < 0 else d for d in dims)
-
-    def forward(self, ctx):
-        x = _vals(ctx.input("X"))
-        axes = self._axes(ctx, x.ndim)
-        out = x.sum(axis=axes, keepdims=ctx.attrs.get("keep_dim", False), dtype=x.dtype)
-        if out.ndim == 0:
-            out = out.reshape(1)
-        ctx.set_output("Out", np.ascontiguousarray(out))
-
-    def backward(self, ctx):
-        x = ctx.input("X")
-        xv = _vals(x)
-        axes = self._axes(ctx, xv.ndim)
-        g = _vals(ctx.input("Out@GRAD"))
-        shape = [1 if i in axes else d for i, d in enumerate(xv.shape)]
-        ctx.set_output("X@GRAD", _like(x, np.ascontiguousarray(np.broadcast_to(g.reshape(shape), xv.shape))))
+    def grads(self, ctx, x, y, g):
+        out = ctx.input("Out")
+        gx = g * y * np.power(x, y - 1)
+        gy = g * np.log(x) * out if ctx.wants("Y@GRAD") else g
+        return gx, gy

@@ -2,7 +2,8 @@
 import numpy as np
 
 from fleet.errors import DataError
-from fleet.framework.ops.math_ops import softmax_into
+from fleet.framework import lod
+from fleet.framework.ops.activation_ops import sigmoid_into, softmax_into
 from fleet.framework.registry import OpDef, register_op
 from fleet.framework.tensor import LoDTensor, PrefetchedRows, SparseRows
 from fleet.kernels import embedding as emb
@@ -16,10 +17,7 @@ def _act_forward(act, out):
     if act == "relu":
         np.maximum(out, 0, out=out)
     elif act == "sigmoid":
-        np.negative(out, out=out)
-        np.exp(out, out=out)
-        out += 1
-        np.reciprocal(out, out=out)
+        sigmoid_into(out, out)
     elif act == "tanh":
         np.tanh(out, out=out)
     elif act == "softmax":
@@ -48,10 +46,12 @@ def _fc_lead(ctx, x):
 
 @register_op
 class FC(OpDef):
-    """Out = act(flatten(Input) @ W + Bias): Paddle's mul + elementwise_add + act, fused."""
+    """Out = act(flatten(Input) @ W + Bias): Paddle's mul + elementwise_add + act, fused.
+    On lod_level=1 values it works row by row (one output row per id) and keeps the LoD."""
 
     type = "fc"
     grad_slots = ("Input", "W", "Bias")
+    lod = lod.ROWWISE
 
     def forward(self, ctx):
         x = ctx.input("Input")
@@ -138,6 +138,7 @@ class LookupTable(OpDef):
 
     type = "lookup_table"
     grad_slots = ("W",)
+    lod = lod.SEQUENCE
 
     def forward(self, ctx):
         w = ctx.input("W")
@@ -185,6 +186,7 @@ class SequencePool(OpDef):
 
     type = "sequence_pool"
     grad_slots = ("X",)
+    lod = lod.SEQUENCE
 
     def forward(self, ctx):
         x = ctx.input("X")
@@ -240,6 +242,7 @@ class FusedEmbeddingSeqPool(OpDef):
 
     type = "fused_embedding_seq_pool"
     grad_slots = ("W",)
+    lod = lod.SEQUENCE
 
     def forward(self, ctx):
         w = ctx.input("W")
