@@ -46,7 +46,7 @@ _FLEETRUN_MARGIN_S = 30
 _EPOCH_LINE = re.compile(r"epoch (\d+): (\d+) examples, ([\d,.]+) examples/s.*?"
                          r"(?:, pass ([\d.]+)-([\d.]+) \(Unix time\))?$", re.M)
 _PASS_LINE = re.compile(r"pass done: (\d+) examples in (\d+) batches")
-_SYNC_LINE = re.compile(r"sync: (\d+) workers x (\d+) threads x batch (\d+) =")
+_THREAD_BATCH_LINE = re.compile(r"\w+: each thread reads batch (\d+) of the (\d+) examples")
 
 
 class RunFailed(Exception):
@@ -162,17 +162,28 @@ def passes(log):
 
 
 def geo_exchanges(log, k):
-    """GEO exchanges of one worker, from its batches: a worker exchanges every k steps (one
-    step per batch) and once more at the end of a pass for the steps left (the end-of-pass
-    flush), so ceil(batches / k) per pass. None when the log has no "pass done" line."""
+    """GEO exchanges of one worker, from its batches (one step each): after 1, 2, 4, ...
+    steps, doubling up to k, then every k steps, plus one at the end of a pass for the steps
+    left (the end-of-pass flush). None when the log has no "pass done" line."""
     got = passes(log)
-    return sum(math.ceil(b / k) for _, b in got) if got else None
+    if not got:
+        return None
+    exchanges, interval = 0, 1
+    for _, batches in got:
+        since = 0
+        for _ in range(batches):
+            since += 1
+            if since >= interval:
+                exchanges, since, interval = exchanges + 1, 0, min(k, 2 * interval)
+        exchanges += since > 0
+    return exchanges
 
 
-def sync_thread_batch(log):
-    """The per-thread batch a sync worker reports (train.py's thread_batch_size), or None."""
-    m = _SYNC_LINE.search(log)
-    return int(m[3]) if m else None
+def thread_batch(log):
+    """The per-thread batch a worker reports when it is not --batch_size (train.py's
+    thread_batch_size), or None."""
+    m = _THREAD_BATCH_LINE.search(log)
+    return int(m[1]) if m else None
 
 
 def test_auc(name, model_dir, data, timeout=600):

@@ -9,7 +9,7 @@ interleaved (best of ``--repeat``):
 - ``pandas.read_csv(sep="\\t", header=None, engine="c")`` of the same files, if pandas
   is installed (``pip install fleet[bench]``), else "pandas": null.
 
-Prints one JSON line. Goals (DESIGN section 8): >= 2x pandas lines/s; 2 producers >= 1.7x one.
+Prints one JSON line. Goals (benchmarks/RESULTS.md): >= 2x pandas lines/s; 2 producers >= 1.7x one.
 
     python benchmarks/bench_reader.py [--lines 200000] [--repeat 5]
 """

@@ -8,11 +8,13 @@ against local training with 1 thread measured in the same run.
 Trainers = workers x training threads. ``--layout workers`` (default) makes N trainers as N
 workers with 1 thread each; ``--layout threads`` as 2 workers with N/2 threads each (1
 worker for N = 1). Each worker reads its share of the train files, written as a multiple
-of the largest worker count so every worker gets as many lines. In sync mode train.py
-gives each thread batch_size / trainers examples (one update averages every thread's
-batch); ``batch_per_thread`` reports it. GEO exchanges with the servers every --geo_k
-steps per worker (and at the end of a pass); ``geo_exchanges_per_worker`` is counted from
-each worker's batches (its "pass done" line).
+of the largest worker count so every worker gets as many lines. train.py gives each thread
+batch_size divided by what one update averages (sync: trainers; half-async: threads, times
+the pushes merged; async: the pushes merged; GEO: workers); ``batch_per_thread`` reports
+it. Options this script does not know go to train.py (e.g. ``--merge_pushes 0``). GEO
+exchanges after 1, 2, 4, ... steps up to every --geo_k steps per worker, and at the end of
+a pass; ``geo_exchanges_per_worker`` is counted from each worker's batches (its "pass done"
+line).
 
 Prints one JSON line: ``local`` (1 thread, the baseline) and, per strategy, a list of
 {trainers, workers, threads, batch_per_thread, test_auc, examples_per_sec,
@@ -118,8 +120,8 @@ def main(argv=None):
                 row["error"] = str(e)[:2000]
                 results[strategy].append(row)
                 continue
-            # train.py prints the sync batch when it differs from --batch_size
-            per_thread = (_jobs.sync_thread_batch(r["logs"][0]) or batch // n) if strategy == "sync" else batch
+            # train.py prints the thread batch when it differs from --batch_size
+            per_thread = _jobs.thread_batch(r["logs"][0]) or batch
             row.update({
                 "batch_per_thread": per_thread,
                 "test_auc": round(r["test_auc"], 4),

@@ -1,8 +1,8 @@
 """CTR-DNN in fleet next to an equivalent PyTorch CPU model, same data, batch and threads.
 
-The PyTorch model is DESIGN section 1's: one shared ``nn.EmbeddingBag`` (sum, sparse
-gradients) over the 26 slots, concatenated with the 13 dense features, three Linear(400)
-+ ReLU, Linear(2), softmax cross entropy; Adam(lr) on the dense weights and SparseAdam(lr)
+The PyTorch model is the CTR-DNN of examples/ctr_dnn/network.py: one shared
+``nn.EmbeddingBag`` (sum, sparse gradients) over the 26 slots, concatenated with the 13
+dense features, three Linear(400) + ReLU, Linear(2), softmax cross entropy; Adam(lr) on the dense weights and SparseAdam(lr)
 on the table (the lazy Adam fleet uses). Both read the same batches, already parsed into
 memory, so the figures compare training engines, not readers.
 

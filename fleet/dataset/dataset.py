@@ -112,7 +112,7 @@ class DatasetBase:
         fields allowed) into 28 variables given to set_use_var in this order: dense
         float32 [13] (Paddle's normalisation (x - min) / diff, empty -> 0), 26 int64
         lod_level=1 slots holding ``splitmix64((k << 33) | int(C_k, 16)) % hash_dim``
-        (2**32 for an empty field; DESIGN section 6) and the int64 label [1].
+        (2**32 for an empty field; docs/internals.md) and the int64 label [1].
 
         Raises:
             ConfigError: unknown format or a hash_dim that is not a positive int.

@@ -69,7 +69,7 @@ _TRUNCATED_RETRIES = 64
 
 @numba.njit(cache=True, nogil=True)
 def splitmix64(x):
-    """Returns splitmix64 of the uint64 ``x`` (DESIGN section 6), all modulo 2**64."""
+    """Returns splitmix64 of the uint64 ``x`` (the Criteo hash of docs/internals.md), all modulo 2**64."""
     z = x + _GAMMA
     z = (z ^ (z >> _S30)) * _MUL1
     z = (z ^ (z >> _S27)) * _MUL2

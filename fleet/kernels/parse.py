@@ -93,7 +93,7 @@ def splitmix64_reference(z):
 
 
 def criteo_hash_reference(k, text, hash_dim):
-    """The id of categorical field C_k (k = 1..26) holding ``text`` (DESIGN section 6)."""
+    """The id of categorical field C_k (k = 1..26) holding ``text`` (the Criteo hash of docs/internals.md)."""
     v = int(text, 16) if text else CRITEO_EMPTY
     return splitmix64_reference((k << 33) | v) % hash_dim
 

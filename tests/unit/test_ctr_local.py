@@ -1,4 +1,4 @@
-"""CTR-DNN, built exactly as DESIGN section 1, learns a planted signal in local training.
+"""CTR-DNN, built exactly as examples/ctr_dnn/network.py (the README's model), learns a planted signal in local training.
 
 The data has Criteo's shape (13 dense features in [0, 1), 26 categorical slots of one
 id each, hashed into a table of 1000001 rows, a 0/1 click label). The label is drawn
@@ -6,7 +6,7 @@ from ``sigmoid(logit)`` where the logit depends on the values of slots C1..C3 (e
 has its own effect) and on two dense features; the other 23 slots are noise. The
 best possible test AUC (scoring by the true probability) is about 0.88; the model must
 reach well above 0.5 on held-out data after 200 batches of 500 (about 3 s on an idle
-2-core machine; batches of 500 rather than DESIGN's 1000 halve the time and learn as well).
+2-core machine; batches of 500 rather than the example's 1000 halve the time and learn as well).
 """
 import math
 
@@ -75,7 +75,7 @@ def test_numpy_auc_reference_counts_ties_half():
 
 
 def build_ctr_dnn():
-    """DESIGN section 1's model, verbatim except for the optimizer (see the test)."""
+    """The README's CTR-DNN model, verbatim except for the optimizer (see the test)."""
     dense = layers.data("dense_input", shape=[13], dtype="float32")
     slots = [layers.data(f"C{i}", shape=[1], lod_level=1, dtype="int64") for i in range(1, 27)]
     label = layers.data("label", shape=[1], dtype="int64")
@@ -111,7 +111,7 @@ def test_ctr_dnn_trains_locally_and_its_test_auc_rises_well_above_chance(local_f
     assert block.var(concat.output("Out")[0]).shape == (-1, 26 * 10 + 13)
     assert [p.shape for p in fleet.default_main_program().all_parameters() if p.name.endswith(".w_0")] == [
         (273, 400), (400, 400), (400, 400), (400, 2)]
-    # The DESIGN script uses SGD(1e-4), which needs many epochs; lazy Adam learns the planted
+    # The README's script uses SGD(1e-4), which needs many epochs; lazy Adam learns the planted
     # signal within a test's time budget and keeps each step to the batch's table rows.
     fleet.distributed_optimizer(optimizer.Adam(LEARNING_RATE, lazy_mode=True)).minimize(avg_cost)
     test_program = fleet.main_program.clone(for_test=True)

@@ -116,8 +116,8 @@ def find_violations(source, module, path, is_package=False):
         if target.split(".")[0] in WIRE_LIBRARIES:
             if module.split(".")[0] in SCANNED and not (module + ".").startswith(WIRE_OWNER + "."):
                 problems.append(f"{where} imports {target} in {module}; only {WIRE_OWNER} may "
-                                f"import {' or '.join(sorted(WIRE_LIBRARIES))} (DESIGN.md "
-                                "section 2): go through fleet.transport")
+                                f"import {' or '.join(sorted(WIRE_LIBRARIES))} (docs/internals.md, "
+                                "Layers): go through fleet.transport")
             continue
         theirs, target_known = layer_of(target)
         if not target_known:
@@ -195,7 +195,7 @@ def test_imports_of_the_same_or_lower_layers_pass():
 def test_only_fleet_transport_imports_the_wire_libraries():
     assert _check("import zmq\n", module="fleet.server.x") == [
         "fleet/server/x.py:1: `import zmq` imports zmq in fleet.server.x; only fleet.transport "
-        "may import msgpack or zmq (DESIGN.md section 2): go through fleet.transport"]
+        "may import msgpack or zmq (docs/internals.md, Layers): go through fleet.transport"]
     assert len(_check("def f():\n    from msgpack import packb\n", module="strategies.x")) == 1
     assert _check("import zmq\nimport msgpack\n", module="fleet.transport.socket") == []
 
