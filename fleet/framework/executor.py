@@ -2,8 +2,10 @@
 
 ``Executor.run`` runs every op of a program in order on one batch. ``train_from_dataset``
 runs N training threads, each on its own child scope, over batches made by the dataset's
-producer threads; parameters are shared (Hogwild), or, when the program's build strategy
-says Reduce, the threads' gradients are averaged by a numba kernel and applied once.
+producer threads; parameters are shared (Hogwild: each thread runs whole steps on its
+own batches), or, when the program's build strategy says Reduce, the threads split each
+batch and their gradients, weighted by their share of its examples, are combined by a
+numba kernel and applied once (equal to one thread on the whole batch, to float rounding).
 
 Thread-safety: one Executor may be used from several threads; each thread gets its own
 temporaries. Running the same program concurrently on the same scope races on the
