@@ -1,8 +1,14 @@
 """Saving and loading variables: atomic directories with a manifest and checksums.
 
-A saved directory holds one ``.npy`` file per variable, optional named blobs (a saved
-program) and ``MANIFEST.json`` listing each variable's file, shape, dtype, size in bytes
-and CRC32. It is written under a temporary name in the same parent and renamed into place
+A saved directory is laid out as Paddle 1.x lays out ``save_persistables`` /
+``save_inference_model``: one file per variable named exactly as the variable (its
+content is a ``.npy`` array), or, with ``filename=``, every variable in that one file
+(their ``.npy`` records one after another in name order, as Paddle orders a combined
+file); named blobs such as ``__model__`` are files of that name. A variable whose name
+cannot be a file name (it holds ``/``, is ``.`` or ``..``, is too long, or is a name the
+save uses itself) is stored under a sanitised name with its CRC32. ``MANIFEST.json``
+lists each variable's file (and offset in a combined file), shape, dtype, size in bytes
+and CRC32, so loads are verified. It is written under a temporary name in the same parent and renamed into place
 only when complete (files, manifest and directory fsynced first), so a crash mid-save
 never leaves a directory that loads as valid; an existing directory of the same name is
 replaced only after the new one is complete.
@@ -25,18 +31,22 @@ import numpy as np
 from fleet.errors import ConfigError, DataError
 
 MANIFEST = "MANIFEST.json"
-FORMAT = "fleet-vars-1"
+FORMAT = "fleet-vars-2"
+READ_FORMATS = ("fleet-vars-1", FORMAT)  # version 1: sanitised file names, no combined file
 _CRC_CHUNK = 16 << 20  # bytes checksummed per step when verifying a mapped file
 _NPY_MAGIC = b"\x93NUMPY\x01\x00"
 
 
-def _file_for(name):
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+def _sanitised(name):
+    safe = "".join(c if c.isalnum() or c in "._-@" else "_" for c in name)[:200]
     return f"{safe}.{zlib.crc32(name.encode()):08x}.npy"
 
 
-def _blob_file_for(name):
-    return _file_for(name)[:-4] + ".bin"
+def usable_file_name(name):
+    """True when ``name`` can be a file directly inside a save directory."""
+    return (isinstance(name, str) and name not in ("", ".", "..", MANIFEST) and "/" not in name
+            and "\\" not in name and "\0" not in name and not name.startswith(".")
+            and len(name.encode("utf-8", "surrogatepass")) <= 255)
 
 
 def _crc(arr, crc=0):
@@ -162,23 +172,47 @@ class VarsWriter:
         dirname: the directory to create or replace.
         extra: JSON-serialisable metadata stored in the manifest (``extra`` may also be
             updated before the block ends).
+        filename: put every variable in this one file (Paddle's ``filename=`` /
+            ``params_filename=``), in name order; default: one file per variable, named
+            as the variable.
 
     Raises:
-        ConfigError: ``dirname`` exists and is not a directory.
+        ConfigError: ``dirname`` exists and is not a directory, or ``filename`` is not a
+            plain file name.
 
     Not thread-safe: one thread writes.
     """
 
-    def __init__(self, dirname, extra=None):
+    def __init__(self, dirname, extra=None, filename=None):
         self.dirname = os.path.abspath(dirname)
         if os.path.exists(self.dirname) and not os.path.isdir(self.dirname):
             raise ConfigError(f"cannot save to {self.dirname!r}: it exists and is not a directory")
+        if filename is not None and not usable_file_name(filename):
+            raise ConfigError(f"filename={filename!r} is not a plain file name; give a name such as "
+                              f"'params' (no '/', not hidden, not {MANIFEST!r})")
         self.extra = dict(extra or {})
+        self.filename = filename
         self._parent = os.path.dirname(self.dirname)
         self._tmp = None
         self._entries = {}
         self._files = {}
         self._streams = []
+        self._used = {MANIFEST} | ({filename} if filename else set())
+
+    def _file_name(self, name, suffix=".npy"):
+        """The file ``name`` is stored in: the name itself when it can be a file name and
+        is free, else its sanitised form (a hidden part file when combining)."""
+        if self.filename is not None and suffix == ".npy":
+            fname = f".part-{len(self._used)}.npy"
+        elif usable_file_name(name) and name not in self._used:
+            fname = name
+        else:
+            fname = _sanitised(name)[:-4] + suffix
+        if fname in self._used:
+            raise ConfigError(f"{name!r} would be stored as {fname!r}, which this save already uses; "
+                              f"rename the variable")
+        self._used.add(fname)
+        return fname
 
     def __enter__(self):
         os.makedirs(self._parent, exist_ok=True)
@@ -206,7 +240,7 @@ class VarsWriter:
         """
         self._claim(name)
         arr = np.ascontiguousarray(value)
-        fname = _file_for(name)
+        fname = self._file_name(name)
         with open(os.path.join(self._tmp, fname), "wb") as f:
             np.save(f, arr, allow_pickle=False)
             f.flush()
@@ -225,16 +259,23 @@ class VarsWriter:
             ConfigError: ``name`` was written already.
         """
         self._claim(name)
-        stream = ArrayStream(self, name, _file_for(name), dtype, row_shape)
+        stream = ArrayStream(self, name, self._file_name(name), dtype, row_shape)
         self._streams.append(stream)
         return stream
 
     def add_file(self, name, data):
-        """Writes the bytes ``data`` as the blob ``name`` (read back with ``read_file``)."""
+        """Writes the bytes ``data`` as the blob ``name`` (read back with ``read_file``), in
+        a file of that name when it is a plain file name.
+
+        Raises:
+            ConfigError: ``name`` was written already.
+        """
         if name in self._files:
             raise ConfigError(f"file {name!r} is written twice in one save")
+        if self._tmp is None:
+            raise ConfigError("use VarsWriter as a context manager: with VarsWriter(dirname) as w: ...")
         data = bytes(data)
-        fname = _blob_file_for(name)
+        fname = self._file_name(name, ".bin")
         with open(os.path.join(self._tmp, fname), "wb") as f:
             f.write(data)
             f.flush()
@@ -260,6 +301,8 @@ class VarsWriter:
             raise ConfigError(f"streams {open_streams} were not closed before the save ended")
         manifest = {"format": FORMAT, "time": time.time(), "vars": self._entries,
                     "files": self._files, "extra": _jsonable(self.extra)}
+        if self.filename is not None:
+            manifest["combined"] = {self.filename: self._combine()}
         with open(os.path.join(self._tmp, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
             f.flush()
@@ -274,6 +317,25 @@ class VarsWriter:
         if old:
             shutil.rmtree(old, ignore_errors=True)
 
+    def _combine(self):
+        """Concatenates the part files into ``self.filename`` in name order (Paddle's order
+        of a combined file); returns its size."""
+        tmp_path = os.path.join(self._tmp, ".combined.tmp")
+        offset = 0
+        with open(tmp_path, "wb") as out:
+            for name in sorted(self._entries):
+                entry = self._entries[name]
+                part = os.path.join(self._tmp, entry["file"])
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out, _CRC_CHUNK)
+                os.remove(part)
+                entry.update(file=self.filename, offset=offset)
+                offset += entry["bytes"]
+            out.flush()
+            os.fsync(out.fileno())
+        os.rename(tmp_path, os.path.join(self._tmp, self.filename))
+        return offset
+
     def _abort(self):
         for stream in self._streams:
             stream._discard()
@@ -281,13 +343,15 @@ class VarsWriter:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-def write_vars(dirname, arrays, extra=None):
+def write_vars(dirname, arrays, extra=None, filename=None):
     """Writes ``arrays`` ({name: ndarray}) to ``dirname`` atomically.
 
     Args:
         dirname: the directory to create or replace.
         arrays: the values to save.
         extra: JSON-serialisable metadata stored in the manifest.
+        filename: one file for every variable (default: one file per variable, named as
+            the variable).
 
     Returns:
         The absolute path of the directory.
@@ -295,7 +359,7 @@ def write_vars(dirname, arrays, extra=None):
     Raises:
         ConfigError: ``dirname`` exists and is not a directory.
     """
-    with VarsWriter(dirname, extra) as writer:
+    with VarsWriter(dirname, extra, filename) as writer:
         for name, value in arrays.items():
             writer.add(name, value)
     return writer.dirname
@@ -320,9 +384,10 @@ def read_manifest(dirname):
             manifest = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is not readable JSON ({e}); the save is damaged") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in READ_FORMATS:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ConfigError(f"{path} has format {found!r}, expected {FORMAT!r}")
+        raise ConfigError(f"{path} has format {found!r}, expected one of {list(READ_FORMATS)}; it was "
+                          f"written by another program or a newer fleet (upgrade fleet to read it)")
     return manifest
 
 
@@ -339,29 +404,57 @@ def check_files(dirname, manifest=None):
     manifest = manifest or read_manifest(dirname)
     entries = list(manifest["vars"].items()) + list(manifest.get("files", {}).items())
     for name, entry in entries:
-        path = os.path.join(dirname, entry["file"])
-        try:
-            size = os.path.getsize(path)
-        except OSError as e:
-            raise DataError(f"cannot read {name!r} from {path}: {e}") from e
-        if "bytes" in entry and size != entry["bytes"]:
-            raise DataError(f"cannot read {name!r} from {path}: it has {size} bytes, the manifest says "
-                            f"{entry['bytes']} (truncated or altered save)")
+        _check_size(dirname, name, entry, manifest)
     return manifest
 
 
-def _read_one(dirname, name, entry, mmap):
+def _check_size(dirname, name, entry, manifest):
+    """Raises DataError when the file holding ``name`` is missing or has another size."""
     path = os.path.join(dirname, entry["file"])
+    expected = manifest.get("combined", {}).get(entry["file"]) if "offset" in entry else entry.get("bytes")
     try:
-        if "bytes" in entry and os.path.getsize(path) != entry["bytes"]:
-            raise DataError(f"cannot read {name!r} from {path}: it has {os.path.getsize(path)} bytes, "
-                            f"the manifest says {entry['bytes']} (truncated or altered save)")
-        arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except (OSError, ValueError) as e:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise DataError(f"cannot read {name!r} from {path}: {e}") from e
+    if expected is not None and size != expected:
+        raise DataError(f"cannot read {name!r} from {path}: it has {size} bytes, the manifest says "
+                        f"{expected} (truncated or altered save); save it again or restore the file")
+
+
+def _read_one(dirname, name, entry, mmap, manifest):
+    path = os.path.join(dirname, entry["file"])
+    _check_size(dirname, name, entry, manifest)
+    try:
+        if "offset" in entry:
+            arr = _read_record(path, entry["offset"], mmap)
+        else:
+            arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
         raise DataError(f"cannot read {name!r} from {path}: {e}") from e
     if list(arr.shape) != entry["shape"] or arr.dtype.name != entry["dtype"] or _crc(arr) != entry["crc32"]:
-        raise DataError(f"{path} does not match its manifest entry for {name!r} (corrupt or altered save)")
+        raise DataError(f"{path} does not match its manifest entry for {name!r} (corrupt or altered save); "
+                        f"save it again or restore the file")
     return arr
+
+
+def _read_record(path, offset, mmap):
+    """The ``.npy`` record at byte ``offset`` of a combined file (mapped with ``mmap``)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        version = np.lib.format.read_magic(f)
+        if version != (1, 0):
+            raise ValueError(f"unsupported .npy version {version} at byte {offset}")
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        if fortran or dtype.hasobject:
+            raise ValueError(f"the record at byte {offset} is not a C-ordered plain array")
+        start = f.tell()
+        count = int(np.prod(shape, dtype=np.int64))
+        if mmap and count:
+            return np.memmap(path, dtype=dtype, mode="r", offset=start, shape=shape)
+        arr = np.fromfile(f, dtype=dtype, count=count)
+    if arr.size != count:
+        raise ValueError(f"the record at byte {offset} ends early")
+    return arr.reshape(shape)
 
 
 def read_vars(dirname, names=None, mmap=False):
@@ -387,7 +480,7 @@ def read_vars(dirname, names=None, mmap=False):
         raise ConfigError(
             f"{dirname!r} has no saved value for {missing[:5]}; it holds {sorted(entries)[:10]}"
             f"{'...' if len(entries) > 10 else ''}. Save and load with the same program")
-    return {name: _read_one(dirname, name, entries[name], mmap) for name in names}
+    return {name: _read_one(dirname, name, entries[name], mmap, manifest) for name in names}
 
 
 def read_file(dirname, name):
@@ -454,7 +547,7 @@ class VarsReader:
         """
         arr = self._cache.get(name)
         if arr is None:
-            arr = self._cache[name] = _read_one(self.dirname, name, self._entry(name), mmap=True)
+            arr = self._cache[name] = _read_one(self.dirname, name, self._entry(name), True, self.manifest)
         return arr
 
     def _entry(self, name):

@@ -111,7 +111,7 @@ def test_a_missing_or_foreign_manifest_is_refused(tmp_path):
     manifest = json.load(open(path))
     manifest["format"] = "paddle-lodtensor"
     json.dump(manifest, open(path, "w"))
-    with pytest.raises(ConfigError, match="has format 'paddle-lodtensor', expected 'fleet-vars-1'"):
+    with pytest.raises(ConfigError, match=r"has format 'paddle-lodtensor', expected one of \['fleet-vars-1', 'fleet-vars-2'\]"):
         fio.read_manifest(target)
 
 
@@ -258,3 +258,68 @@ def test_a_killed_stream_save_leaves_only_an_invisible_temporary(tmp_path, monke
             raise Killed()
     (leftover,) = _listing(tmp_path)
     assert leftover.startswith(".ckpt-5.tmp-")
+
+
+# ------------------------------------------------------------------ Paddle's layout
+def test_each_variable_is_a_file_named_exactly_as_the_variable(tmp_path):
+    target = fio.write_vars(str(tmp_path / "m"), _arrays())
+    files = sorted(os.listdir(target))
+    assert "fc_0.w_0" in files and "auc.stat_pos_0" in files and "emb_table@weird_name" in files
+    # a name holding '/' cannot be a file: it is sanitised and found through the manifest
+    assert fio.read_manifest(target)["vars"]["emb/table@weird name"]["file"].startswith("emb_table@weird_name.")
+    np.testing.assert_array_equal(np.load(os.path.join(target, "fc_0.w_0")), _arrays()["fc_0.w_0"])
+
+
+def test_a_combined_save_is_one_file_in_name_order_and_reads_back_whole_or_mapped(tmp_path):
+    arrays = _arrays()
+    target = str(tmp_path / "m")
+    with fio.VarsWriter(target, {"step": 1}, filename="params") as w:
+        for name, value in arrays.items():
+            if name != "fc_0.w_0":
+                w.add(name, value)
+        stream = w.open_stream("fc_0.w_0", np.float32, [3])
+        stream.append(arrays["fc_0.w_0"][:2])
+        stream.append(arrays["fc_0.w_0"][2:])
+        stream.close()
+    assert sorted(os.listdir(target)) == ["MANIFEST.json", "params"]
+    entries = fio.read_manifest(target)["vars"]
+    offsets = [entries[n]["offset"] for n in sorted(entries)]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    for mmap in (False, True):
+        back = fio.read_vars(target, mmap=mmap)
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(back[name], value)
+            assert back[name].dtype == value.dtype
+    assert fio.VarsReader(target).get("w_beta1_pow_0")[0] == 0.9 ** 3
+
+
+def test_a_flipped_bit_in_a_combined_file_names_the_variable_it_hits(tmp_path):
+    target = fio.write_vars(str(tmp_path / "m"), _arrays(), filename="all_params")
+    entry = fio.read_manifest(target)["vars"]["fc_0.w_0"]
+    path = os.path.join(target, "all_params")
+    data = bytearray(open(path, "rb").read())
+    data[entry["offset"] + entry["bytes"] - 1] ^= 0x10
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(DataError, match=r"all_params does not match its manifest entry for 'fc_0.w_0'"):
+        fio.read_vars(target)
+    assert list(fio.read_vars(target, ["auc.stat_pos_0"])) == ["auc.stat_pos_0"]
+    open(path, "ab").write(b"x")
+    with pytest.raises(DataError, match=r"it has \d+ bytes, the manifest says \d+ \(truncated or altered save\)"):
+        fio.check_files(target)
+
+
+def test_a_combined_file_name_must_be_a_plain_file_name(tmp_path):
+    for bad in ("sub/params", fio.MANIFEST, ".hidden", ""):
+        with pytest.raises(ConfigError, match="is not a plain file name"):
+            fio.VarsWriter(str(tmp_path / "m"), filename=bad)
+
+
+def test_a_version_1_save_with_sanitised_file_names_still_reads(tmp_path):
+    target = fio.write_vars(str(tmp_path / "m"), {"fc_0.w_0": np.arange(6, dtype=np.float32)})
+    path = os.path.join(target, fio.MANIFEST)
+    manifest = json.load(open(path))
+    os.rename(os.path.join(target, "fc_0.w_0"), os.path.join(target, "fc_0.w_0.1234abcd.npy"))
+    manifest["vars"]["fc_0.w_0"]["file"] = "fc_0.w_0.1234abcd.npy"
+    manifest["format"] = "fleet-vars-1"
+    json.dump(manifest, open(path, "w"))
+    np.testing.assert_array_equal(fio.read_vars(target)["fc_0.w_0"], np.arange(6))
