@@ -241,9 +241,11 @@ class Fleet:
         if not isinstance(program, Program):
             raise TypeError(f"in fleet.{what}() function, main_program must be as Program type")
 
-    def save_persistables(self, executor, dirname, main_program=None):
+    def save_persistables(self, executor, dirname, main_program=None, filename=None):
         """Saves every parameter and its optimizer state to ``dirname`` atomically (see
-        ``fleet.framework.io``): complete, or not there at all.
+        ``fleet.framework.io``): complete, or not there at all. As Paddle lays it out,
+        each variable is a file named as the variable, or with ``filename`` every
+        variable is in that one file; ``MANIFEST.json`` holds the checksums.
 
         Locally: every persistable variable of the program. On a distributed worker:
         every parameter pulled whole from the servers with its optimizer state, every
@@ -264,16 +266,16 @@ class Fleet:
             TypeError: executor is not a fleet Executor, main_program not a Program
                 (Paddle's messages).
         """
-        return self._save_persistables(executor, dirname, main_program, None)
+        return self._save_persistables(executor, dirname, main_program, None, filename)
 
-    def _save_persistables(self, executor, dirname, main_program, extra):
+    def _save_persistables(self, executor, dirname, main_program, extra, filename=None):
         self._check_executor(executor, "save_persistables")
         program = main_program or self.main_program or default_main_program()
         self._check_program(program, "save_persistables")
         meta = {"kind": "persistables", "save_id": uuid.uuid4().hex}
         meta.update(extra or {})
         if self._runtime is not None and hasattr(self._runtime, "save_persistables"):
-            return self._runtime.save_persistables(dirname, program, meta)
+            return self._runtime.save_persistables(dirname, program, meta, filename)
         scope = global_scope()
         arrays = {}
         for name in self._persistable_names(program):
@@ -282,11 +284,12 @@ class Fleet:
                 arrays[name] = value
         meta.update(mode="local", program_vars=sorted(arrays),
                     strategy={"class": type(self._strategy).__name__} if self._strategy is not None else None)
-        return fio.write_vars(dirname, arrays, meta)
+        return fio.write_vars(dirname, arrays, meta, filename)
 
-    def load_persistables(self, executor, dirname, main_program=None):
+    def load_persistables(self, executor, dirname, main_program=None, filename=None):
         """Loads what ``save_persistables`` wrote into the global scope, in place where the
-        variable already exists (so arrays held by users stay live).
+        variable already exists (so arrays held by users stay live). ``filename`` is the
+        one given when saving (the manifest records it, so None reads either layout).
 
         Locally: every persistable variable of the program (an ``is_sparse`` or
         ``is_distributed`` table saved by a distributed job, as ``<table>@ids`` /
@@ -305,6 +308,7 @@ class Fleet:
         self._check_executor(executor, "load_persistables")
         program = main_program or self.main_program or default_main_program()
         self._check_program(program, "load_persistables")
+        check_saved_filename(dirname, filename)
         if self._runtime is not None and hasattr(self._runtime, "load_persistables"):
             return self._runtime.load_persistables(dirname, program)
         names = self._persistable_names(program)
@@ -330,7 +334,8 @@ class Fleet:
         return sorted(values) + sorted(scattered)
 
     def save_inference_model(self, executor, dirname, feeded_var_names, target_vars, main_program=None,
-                             export_for_deployment=True):
+                             export_for_deployment=True, model_filename=None, params_filename=None,
+                             program_only=False):
         """Saves a program that computes ``target_vars`` from ``feeded_var_names``, with
         the parameters it reads, atomically; ``fleet.load_inference_model`` reads it back
         and predicts with a plain Executor, no servers needed.
@@ -344,6 +349,15 @@ class Fleet:
                 ``minimize`` split it for the servers).
             export_for_deployment: prune to what the targets need (else a whole test
                 clone of the program is saved).
+            model_filename: the program's file (Paddle's default ``__model__``).
+            params_filename: one file for every variable (default: one file per
+                variable, named as the variable, as Paddle).
+            program_only: save the program only.
+
+        The directory is Paddle's layout: ``__model__`` holds the program (fleet's JSON
+        format: ``fleet.Program.parse_from_string`` reads it), each parameter is a file
+        named as the parameter, and ``MANIFEST.json`` holds the checksums and the feed
+        and fetch names.
 
         On a distributed worker the parameters are pulled whole from the servers and a
         distributed table is saved as ``<table>@ids`` / ``<table>@values``: in the loaded
@@ -365,22 +379,49 @@ class Fleet:
         if self._runtime is not None and hasattr(self._runtime, "save_inference_model"):
             pruned, feeds, fetches = inference_program(program, feeded_var_names, target_vars,
                                                        export_for_deployment)
-            return self._runtime.save_inference_model(dirname, pruned, feeds, fetches)
+            return self._runtime.save_inference_model(dirname, pruned, feeds, fetches, model_filename,
+                                                      params_filename, program_only)
         save_inference_model(dirname, feeded_var_names, target_vars, program,
-                             export_for_deployment=export_for_deployment)
+                             export_for_deployment=export_for_deployment, model_filename=model_filename,
+                             params_filename=params_filename, program_only=program_only)
         return os.path.abspath(dirname)
 
-    def load_inference_model(self, dirname, executor=None):
+    def load_inference_model(self, dirname, executor=None, model_filename=None, params_filename=None):
         """Loads an inference model into the global scope.
 
+        Args:
+            dirname: the saved directory.
+            executor: a fleet Executor, or None.
+            model_filename / params_filename: the file names given when saving.
+
         Returns:
-            (program, feed_names, fetch_targets), as Paddle's
+            [program, feed_names, fetch_targets], as Paddle's
             ``fluid.io.load_inference_model``: ``exe.run(program, feed={...},
             fetch_list=fetch_targets)`` predicts.
+
+        Raises:
+            ConfigError: not an inference model, or other file names than the save's.
+            DataError: a damaged file (names it).
         """
         if executor is not None:
             self._check_executor(executor, "load_inference_model")
-        return load_inference_model(dirname, executor)
+        return load_inference_model(dirname, executor, model_filename, params_filename)
+
+
+def check_saved_filename(dirname, filename):
+    """Checks that ``filename`` (given to a load) is the combined file the save at
+    ``dirname`` has (None: any layout).
+
+    Raises:
+        ConfigError: the save has another layout (names the argument to pass).
+    """
+    if filename is None:
+        return
+    saved = sorted(fio.read_manifest(dirname).get("combined", {}))
+    if saved != [os.path.basename(filename)]:
+        how = f"filename={saved[0]!r}" if saved else "one file per variable (filename=None)"
+        raise ConfigError(f"{dirname!r} holds no file {filename!r}; it was saved with {how}: pass that "
+                          f"to load_persistables")
 
 
 def _id_keyed(name, saved):

@@ -23,7 +23,7 @@ from fleet.communicator import make_communicator
 from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
-from fleet.framework.inference import MODEL_FILE, manifest_extra, persistable_names, use_saved_tables
+from fleet.framework.inference import file_names, manifest_extra, persistable_names, use_saved_tables
 from fleet.framework.program import serialize_program
 from fleet.framework.scope import Scope, global_scope
 from fleet.rules import rule_from_op_attrs
@@ -132,7 +132,7 @@ class WorkerRuntime:
                 names.update(state_var(p.name, key) for key in rule.state_names)
         return names
 
-    def save_persistables(self, dirname, program, extra=None):
+    def save_persistables(self, dirname, program, extra=None, filename=None):
         """Saves every parameter (pulled whole from the servers), its optimizer state and
         every server's share of each distributed table, with this worker's own
         persistables (metric states; GEO's local optimizer state), atomically.
@@ -151,7 +151,7 @@ class WorkerRuntime:
         held = self.server_held()
         scope = global_scope()
         meta = self._manifest_extra("persistables", extra)
-        with fio.VarsWriter(dirname, meta) as writer:
+        with fio.VarsWriter(dirname, meta, filename) as writer:
             for v in program.list_vars():
                 if v.persistable and not v.is_data and v.name not in held:
                     value = scope.find_var(v.name)
@@ -185,19 +185,23 @@ class WorkerRuntime:
         _assign(global_scope(), values)
         return sorted(values)
 
-    def save_inference_model(self, dirname, program, feed_names, fetch_names):
+    def save_inference_model(self, dirname, program, feed_names, fetch_names, model_filename=None,
+                             params_filename=None, program_only=False):
         """Saves the pruned inference ``program`` with the values it reads: parameters
         pulled whole from the servers, each distributed table as ``<table>@ids`` /
-        ``<table>@values`` (the program reads it through ``saved_table_prefetch``)."""
+        ``<table>@values`` (the program reads it through ``saved_table_prefetch``), in
+        Paddle's layout (see ``fleet.framework.inference``)."""
         self._need_started("save_inference_model")
         self.comm.flush()
         tables = {p.name: p.width for p in self.plan.distributed_tables()}
         use_saved_tables(program, tables)
-        names = set(persistable_names(program))
+        names = set() if program_only else set(persistable_names(program))
         scope = global_scope()
-        extra = manifest_extra(feed_names, fetch_names, **self._manifest_extra("inference", None))
-        with fio.VarsWriter(dirname, extra) as writer:
-            writer.add_file(MODEL_FILE, serialize_program(program))
+        model_file, params_file = file_names(model_filename, params_filename)
+        extra = manifest_extra(feed_names, fetch_names, model_filename=model_file, params_filename=params_file,
+                               program_only=bool(program_only), **self._manifest_extra("inference", None))
+        with fio.VarsWriter(dirname, extra, params_file) as writer:
+            writer.add_file(model_file, serialize_program(program))
             params = [p for p in self.plan.params.values()
                       if p.name in names or p.name + "@ids" in names]
             write_server_params(writer, self.comm, params, with_state=False)

@@ -1,16 +1,22 @@
 """Inference models: a program pruned to what its targets need, saved with its parameters.
 
-``save_inference_model`` writes one atomic directory (``fleet.framework.io``): the pruned
-program as versioned JSON (the blob ``__model__``), every persistable variable it reads,
-and in the manifest the feed and fetch names. ``load_inference_model`` reads it back into
-a scope and returns ``(program, feed_names, fetch_targets)`` as Paddle's
+``save_inference_model`` writes one atomic directory (``fleet.framework.io``) laid out as
+Paddle 1.x lays it out: the pruned program in the file ``__model__`` (or
+``model_filename``; fleet's versioned JSON program format inside, see
+``Program.parse_from_string``), one file per persistable variable it reads, named as the
+variable (or all of them in ``params_filename``), and ``MANIFEST.json`` with the checksums
+and the feed and fetch names. ``load_inference_model`` reads it back into a scope and
+returns ``[program, feed_names, fetch_targets]`` as Paddle's
 ``fluid.io.load_inference_model`` does; ``Executor().run(program, feed=..., fetch_list=
-fetch_targets)`` then predicts with no servers and no training code.
+fetch_targets)`` then predicts with no servers and no training code. Directories written
+by the previous fleet (manifest format ``fleet-vars-1``, sanitised file names) still load.
 
 An ``is_distributed`` table saved from a distributed worker is stored as
 ``<table>@ids`` / ``<table>@values`` and read through ``saved_table_prefetch``
 (``fleet/framework/ops/saved_table.py``); ``use_saved_tables`` rewrites a program that way.
 """
+import os
+
 import numpy as np
 
 from fleet.errors import ConfigError
@@ -140,10 +146,36 @@ def manifest_extra(feed_names, fetch_names, **more):
     return extra
 
 
+def file_names(model_filename=None, params_filename=None):
+    """Paddle's file names of an inference model: (the program's file, the parameters'
+    file or None for one file per variable); directories are dropped, as Paddle does."""
+    model = os.path.basename(model_filename) if model_filename is not None else MODEL_FILE
+    params = os.path.basename(params_filename) if params_filename is not None else None
+    if not model:
+        raise ConfigError(f"model_filename={model_filename!r} names no file; give a file name such as "
+                          f"'__model__'")
+    if params is not None and params == model:
+        raise ConfigError(f"model_filename and params_filename are both {model!r}; give them different names")
+    return model, params
+
+
 def save_inference_model(dirname, feeded_var_names, target_vars, main_program, scope=None,
-                         export_for_deployment=True):
+                         export_for_deployment=True, model_filename=None, params_filename=None,
+                         program_only=False):
     """Saves ``main_program`` pruned to ``target_vars`` with the values it reads from
-    ``scope`` (default: the global scope), atomically.
+    ``scope`` (default: the global scope), atomically, in Paddle's layout.
+
+    Args:
+        dirname: the directory to create or replace.
+        feeded_var_names: the input names (a str or a list of str).
+        target_vars: the Variables to predict (one or a list).
+        main_program: the program to prune.
+        scope: where the values are (default: the global scope).
+        export_for_deployment: prune to what the targets need (else a whole test clone).
+        model_filename: the program's file (default ``__model__``).
+        params_filename: one file for every variable (default: one file per variable,
+            named as the variable).
+        program_only: save the program only, no variables.
 
     Returns:
         The fetch names.
@@ -153,42 +185,62 @@ def save_inference_model(dirname, feeded_var_names, target_vars, main_program, s
     """
     program, feed_names, fetch_names = inference_program(main_program, feeded_var_names, target_vars,
                                                          export_for_deployment)
+    model_file, params_file = file_names(model_filename, params_filename)
     scope = global_scope() if scope is None else scope
-    names = persistable_names(program)
+    names = [] if program_only else persistable_names(program)
     missing = [n for n in names if scope.find_var(n) is None]
     if missing:
         raise ConfigError(f"cannot save the inference model: {missing[:5]} have no value in the scope; "
                           f"run the startup program (and train) first")
-    with fio.VarsWriter(dirname, manifest_extra(feed_names, fetch_names)) as writer:
-        writer.add_file(MODEL_FILE, serialize_program(program))
+    extra = manifest_extra(feed_names, fetch_names, model_filename=model_file, params_filename=params_file,
+                           program_only=bool(program_only))
+    with fio.VarsWriter(dirname, extra, filename=params_file) as writer:
+        writer.add_file(model_file, serialize_program(program))
         for name in names:
             writer.add(name, np.asarray(scope.find_var(name)))
     return fetch_names
 
 
-def load_inference_model(dirname, executor=None, scope=None):
-    """Loads an inference model saved by ``save_inference_model`` (local or distributed).
+def load_inference_model(dirname, executor=None, model_filename=None, params_filename=None, scope=None):
+    """Loads an inference model saved by ``save_inference_model`` (local or distributed),
+    as Paddle's ``fluid.io.load_inference_model``.
 
     Args:
         dirname: the saved directory.
         executor: accepted for Paddle compatibility (values go to ``scope``).
+        model_filename: the program's file, as given when saving (default ``__model__``).
+        params_filename: the variables' file, as given when saving (default: one file
+            per variable); the manifest records it, so None also reads a combined save.
         scope: where the values go (default: the global scope).
 
     Returns:
-        (program, feed_names, fetch_targets): fetch_targets are the program's Variables.
+        [program, feed_names, fetch_targets]: fetch_targets are the program's Variables.
 
     Raises:
-        ConfigError: not an inference model, or incomplete.
+        ConfigError: not an inference model, incomplete, or saved under other file
+            names (the message gives the ones to pass).
         DataError: a damaged file (names it).
     """
     manifest = fio.read_manifest(dirname)
     extra = manifest.get("extra", {})
-    if extra.get("kind") != KIND or MODEL_FILE not in manifest.get("files", {}):
+    model_file, params_file = file_names(model_filename, params_filename)
+    files = manifest.get("files", {})
+    if extra.get("kind") != KIND or not files:
         raise ConfigError(
             f"{dirname!r} is not an inference model (it holds no {MODEL_FILE}); save one with "
             f"fleet.save_inference_model(exe, dirname, feeded_var_names, target_vars)")
-    program = deserialize_program(fio.read_file(dirname, MODEL_FILE))
+    if model_file not in files:
+        raise ConfigError(f"{dirname!r} holds no program file {model_file!r}; it was saved with "
+                          f"model_filename={sorted(files)[0]!r}: pass that to load_inference_model")
+    saved_params = sorted(manifest.get("combined", {}))
+    if params_file is not None and saved_params != [params_file]:
+        how = f"params_filename={saved_params[0]!r}" if saved_params else "one file per variable (params_filename=None)"
+        raise ConfigError(f"{dirname!r} holds no parameter file {params_file!r}; it was saved with {how}: "
+                          f"pass that to load_inference_model")
+    program = deserialize_program(fio.read_file(dirname, model_file))
     names = persistable_names(program)
+    if extra.get("program_only"):
+        names = [n for n in names if n in manifest["vars"]]
     values = fio.read_vars(dirname, names)
     scope = global_scope() if scope is None else scope
     for name in names:
@@ -203,4 +255,4 @@ def load_inference_model(dirname, executor=None, scope=None):
         scope[name] = np.array(values[name])
     block = program.global_block()
     fetch_targets = [block.var(n) for n in extra["fetch"]]
-    return program, list(extra["feed"]), fetch_targets
+    return [program, list(extra["feed"]), fetch_targets]

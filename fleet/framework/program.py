@@ -408,6 +408,26 @@ class Program:
         program._bump()
         return program
 
+    @staticmethod
+    def parse_from_string(binary_str):
+        """Returns the program saved in ``binary_str`` (Paddle's name): the bytes of an
+        inference model's ``__model__`` file, or of ``program.desc.serialize_to_string()``.
+
+        Raises:
+            DataError: the bytes are not a saved program (damaged file).
+            ConfigError: a program format or version this fleet cannot read.
+        """
+        return deserialize_program(binary_str)
+
+    @property
+    def desc(self):
+        """A view with Paddle's ``ProgramDesc`` method ``serialize_to_string()``."""
+        return ProgramDesc(self)
+
+    def serialize_to_string(self):
+        """Returns the program as bytes (the content of ``__model__``)."""
+        return serialize_program(self)
+
     def to_string(self, throw_on_error=False, with_details=False):
         lines = [f"Program (seed={self._random_seed})"]
         lines += [f"  var {v!r}" for v in self.global_block().vars.values()]
@@ -416,6 +436,17 @@ class Program:
 
     def __str__(self):
         return self.to_string()
+
+
+class ProgramDesc:
+    """What ``Program.desc`` returns: the serialization calls Paddle scripts make on it."""
+
+    def __init__(self, program):
+        self._program = program
+
+    def serialize_to_string(self):
+        """Returns the program as bytes (``Program.parse_from_string`` reverses it)."""
+        return serialize_program(self._program)
 
 
 PROGRAM_FORMAT = "fleet-program"
@@ -475,7 +506,9 @@ def deserialize_program(data):
     try:
         decoded = json.loads(bytes(data).decode())
     except (UnicodeDecodeError, ValueError) as e:
-        raise DataError(f"the saved program is not valid JSON ({e}); the file is damaged") from e
+        raise DataError(f"the saved program is not fleet's JSON program format ({e}): the file is damaged, "
+                        f"or was written by Paddle itself (protobuf), which fleet does not read; save the "
+                        f"model again with fleet.save_inference_model") from e
     return Program.from_dict(decoded)
 
 

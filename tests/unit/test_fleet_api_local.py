@@ -266,13 +266,11 @@ def test_load_persistables_refuses_a_truncated_or_corrupted_file(tmp_path):
     target = str(tmp_path / "ckpt")
     fleet.save_persistables(exe, target)
     before = _persistables()
-    files = sorted(f for f in os.listdir(target) if f.startswith("w.") and f.endswith(".npy"))
-    assert len(files) == 1
-    path = os.path.join(target, files[0])
+    path = os.path.join(target, "w")  # Paddle's layout: the file is named as the variable
     data = open(path, "rb").read()
     with open(path, "wb") as f:
         f.write(data[:-3])
-    with pytest.raises(DataError, match=r"cannot read 'w' from .*w\."):
+    with pytest.raises(DataError, match=r"cannot read 'w' from .*/ckpt/w: it has \d+ bytes, the manifest says"):
         fleet.load_persistables(exe, target)
     with open(path, "wb") as f:
         f.write(data[:-1] + bytes([data[-1] ^ 0x40]))
@@ -291,3 +289,34 @@ def test_load_persistables_of_another_model_names_the_missing_variables(tmp_path
         other = fleet.default_main_program()
     with pytest.raises(ConfigError, match=r"lacks \['other_w'\] of this program; it was saved from a different model"):
         fleet.load_persistables(exe, str(tmp_path / "a"), main_program=other)
+
+
+def test_save_persistables_writes_one_file_per_variable_named_as_the_variable(tmp_path):
+    exe, _ = _trained(1)
+    target = fleet.save_persistables(exe, str(tmp_path / "ckpt"))
+    saved = _persistables()
+    assert sorted(os.listdir(target)) == sorted(list(saved) + ["MANIFEST.json"])
+    np.testing.assert_array_equal(np.load(os.path.join(target, "w")), saved["w"])
+
+
+def test_save_persistables_with_filename_writes_one_file_and_loads_back_with_the_same_arguments(tmp_path):
+    exe, loss = _trained(1)
+    saved = _persistables()
+    target = fleet.save_persistables(exe, str(tmp_path / "ckpt"), filename="persistables")
+    assert sorted(os.listdir(target)) == ["MANIFEST.json", "persistables"]
+    exe.run(fleet.main_program, feed=_feed(9), fetch_list=[loss])  # values move
+    names = fleet.load_persistables(exe, target, filename="persistables")
+    assert sorted(names) == sorted(saved)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(fleet.global_scope()[name], value)
+
+
+def test_load_persistables_with_another_filename_than_the_save_names_the_one_to_pass(tmp_path):
+    exe, _ = _trained(0)
+    fleet.save_persistables(exe, str(tmp_path / "a"), filename="params")
+    fleet.save_persistables(exe, str(tmp_path / "b"))
+    with pytest.raises(ConfigError, match=r"holds no file 'other'; it was saved with filename='params': pass that"):
+        fleet.load_persistables(exe, str(tmp_path / "a"), filename="other")
+    with pytest.raises(ConfigError, match=r"holds no file 'params'; it was saved with one file per variable "
+                                          r"\(filename=None\)"):
+        fleet.load_persistables(exe, str(tmp_path / "b"), filename="params")

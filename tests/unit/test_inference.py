@@ -106,7 +106,7 @@ def test_an_attribute_that_cannot_be_saved_is_named():
 
 
 def test_a_foreign_or_newer_program_file_is_refused():
-    with pytest.raises(DataError, match="the saved program is not valid JSON"):
+    with pytest.raises(DataError, match=r"the saved program is not fleet.s JSON program format .*written by Paddle itself \(protobuf\)"):
         deserialize_program(b"\x80not json")
     with pytest.raises(ConfigError, match=r"not a saved fleet program: format 'paddle', expected 'fleet-program'"):
         deserialize_program(json.dumps({"format": "paddle"}).encode())
@@ -244,3 +244,114 @@ def test_a_program_reading_a_saved_distributed_table_predicts_with_unseen_ids_as
     got, _, loaded = _predict_in_fresh_scope(str(tmp_path / "m"), feed)
     np.testing.assert_array_equal(got, expected)
     assert [op.type for op in loaded.global_block().ops][:2] == ["saved_table_prefetch", "lookup_table"]
+
+
+# ------------------------------------------------------------------ Paddle's layout
+PARAMS = ["fc_0.b_0", "fc_0.w_0", "fc_1.b_0", "fc_1.w_0", "table"]
+
+
+def _saved_and_expected(tmp_path, **kwargs):
+    exe, pred = _trained()
+    feed = _feed(42)
+    (expected,) = exe.run(fleet.main_program.clone(for_test=True), feed=feed, fetch_list=[pred])
+    target = fleet.save_inference_model(exe, str(tmp_path / "infer"), ["x", "ids"], [pred], **kwargs)
+    return target, {"x": feed["x"], "ids": feed["ids"]}, expected
+
+
+def test_an_inference_model_is_a_model_file_and_one_file_per_parameter_named_as_the_parameter(tmp_path):
+    target, _, _ = _saved_and_expected(tmp_path)
+    assert sorted(os.listdir(target)) == sorted(PARAMS + ["MANIFEST.json", "__model__"])
+    np.testing.assert_array_equal(np.load(os.path.join(target, "fc_0.w_0")), fleet.global_scope()["fc_0.w_0"])
+
+
+def test_params_filename_puts_every_parameter_in_one_file_and_model_filename_renames_the_program(tmp_path):
+    target, feed, expected = _saved_and_expected(tmp_path, model_filename="model", params_filename="params")
+    assert sorted(os.listdir(target)) == ["MANIFEST.json", "model", "params"]
+    fw.reset_default_programs()
+    with fw.scope_guard(fw.Scope()):
+        program, feeds, fetch = fleet.load_inference_model(target, fleet.Executor(), model_filename="model",
+                                                           params_filename="params")
+        (got,) = fleet.Executor().run(program, feed=feed, fetch_list=fetch)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_loading_with_other_file_names_than_the_save_names_the_ones_to_pass(tmp_path):
+    target, _, _ = _saved_and_expected(tmp_path, params_filename="params")
+    with pytest.raises(ConfigError, match=r"holds no program file 'model'; it was saved with "
+                                          r"model_filename='__model__': pass that"):
+        fleet.load_inference_model(target, model_filename="model")
+    with pytest.raises(ConfigError, match=r"holds no parameter file 'weights'; it was saved with "
+                                          r"params_filename='params': pass that"):
+        fleet.load_inference_model(target, params_filename="weights")
+
+
+def test_load_inference_model_returns_a_list_as_paddle_does(tmp_path):
+    target, _, _ = _saved_and_expected(tmp_path)
+    loaded = fleet.load_inference_model(target)
+    assert isinstance(loaded, list) and len(loaded) == 3 and loaded[1] == ["x", "ids"]
+
+
+def test_program_parse_from_string_of_model_file_runs_and_predicts_as_the_original(tmp_path):
+    target, feed, expected = _saved_and_expected(tmp_path)
+    with open(os.path.join(target, "__model__"), "rb") as f:
+        program = fleet.Program.parse_from_string(f.read())
+    fetch = fio.read_manifest(target)["extra"]["fetch"]  # the manifest holds the feed and fetch names
+    (got,) = fleet.Executor().run(program, feed=feed, fetch_list=fetch)
+    np.testing.assert_array_equal(got, expected)
+    again = fleet.Program.parse_from_string(program.desc.serialize_to_string())
+    assert again.serialize_to_string() == program.serialize_to_string()
+    assert [op.type for op in again.global_block().ops] == [op.type for op in program.global_block().ops]
+
+
+_FRESH_PROCESS = """
+import sys
+import numpy as np
+import fleet
+program, feeds, fetch = fleet.load_inference_model(sys.argv[1], fleet.Executor())
+feed = dict(np.load(sys.argv[2]))
+feed["ids"] = (feed.pop("ids_values"), feed.pop("ids_lengths"))
+(out,) = fleet.Executor().run(program, feed={k: feed[k] for k in feeds}, fetch_list=fetch)
+np.save(sys.argv[3], out)
+"""
+
+
+def test_an_inference_model_loaded_in_a_fresh_process_predicts_as_the_training_process(tmp_path):
+    import subprocess
+    import sys
+
+    target, feed, expected = _saved_and_expected(tmp_path)
+    np.savez(tmp_path / "feed.npz", x=feed["x"], ids_values=feed["ids"][0], ids_lengths=feed["ids"][1])
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, target, str(tmp_path / "feed.npz"),
+                    str(tmp_path / "out.npy")], check=True, env=env, timeout=300)
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), expected)
+
+
+def test_a_damaged_parameter_file_is_a_data_error_naming_the_parameter(tmp_path):
+    target, _, _ = _saved_and_expected(tmp_path)
+    path = os.path.join(target, "fc_1.w_0")
+    data = bytearray(open(path, "rb").read())
+    data[-2] ^= 0x04
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(DataError, match=r"fc_1.w_0 does not match its manifest entry for 'fc_1.w_0' "
+                                        r"\(corrupt or altered save\); save it again or restore the file"):
+        fleet.load_inference_model(target)
+
+
+def test_an_inference_model_saved_by_the_previous_fleet_still_loads(tmp_path):
+    target, feed, expected = _saved_and_expected(tmp_path)
+    # the previous layout: sanitised file names with a CRC, the program as a .bin blob
+    path = os.path.join(target, fio.MANIFEST)
+    manifest = json.load(open(path))
+    for name, entry in list(manifest["vars"].items()) + list(manifest["files"].items()):
+        old = f"{name}.{abs(hash(name)) % 10**8:08d}." + ("bin" if name == "__model__" else "npy")
+        os.rename(os.path.join(target, entry["file"]), os.path.join(target, old))
+        entry["file"] = old
+    manifest["format"] = "fleet-vars-1"
+    for key in ("model_filename", "params_filename", "program_only"):
+        del manifest["extra"][key]
+    json.dump(manifest, open(path, "w"))
+    assert "__model__" not in os.listdir(target)
+    got, feeds, _ = _predict_in_fresh_scope(target, feed)
+    np.testing.assert_array_equal(got, expected)
