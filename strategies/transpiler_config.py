@@ -84,7 +84,8 @@ class DistributeTranspilerConfig(Settings):
         1, integer(0, "e.g. config.merge_async_pushes = 0 (one update per round of workers)"),
         "Async and half-async servers average this many pushes, from any workers, into one "
         "update: 1 applies each push on arrival (Paddle's async); 0 means the number of "
-        "workers still training. Merging keeps a worker's gradients about one update stale "
+        "workers still training (a worker's async threads push separately: give workers x "
+        "threads for them). Merging keeps a worker's gradients about one update stale "
         "instead of one per other worker (accuracy as workers are added); read batch_size / "
         "workers per worker so an update still averages batch_size examples.",
     )

@@ -243,9 +243,13 @@ class ParameterServer:
         req.reply()
 
     def _merge_window(self):
+        """Pushes per update: merge_pushes (0: one per worker still training), scaled down
+        in proportion as workers stop (a worker's threads may push separately, so a window
+        may hold several pushes of one worker)."""
         training = len(self.live - self.stopped)
-        window = training if self.merge_pushes == 0 else min(self.merge_pushes, max(training, 1))
-        return max(window, 1)
+        if self.merge_pushes == 0:
+            return max(training, 1)
+        return max(1, -(-self.merge_pushes * training // self.workers))
 
     def _apply_pending(self):
         """Applies the merged pushes as one update once the window of pushes is full: each

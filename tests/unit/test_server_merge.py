@@ -47,6 +47,23 @@ def test_zero_means_one_push_per_worker_still_training_and_stops_release_the_res
     np.testing.assert_allclose(w_value(ps), 1.0 - LR * 6.0)
 
 
+def test_a_window_may_hold_several_pushes_of_one_worker_and_shrinks_as_workers_stop():
+    ps = merging(workers=2, merge=4)  # e.g. 2 workers x 2 threads, each thread pushing
+    for v in (1.0, 1.0, 2.0):
+        push(ps, 0, v)
+    np.testing.assert_array_equal(w_value(ps), 1.0)
+    push(ps, 0, 4.0)
+    np.testing.assert_allclose(w_value(ps), 1.0 - LR * 8.0 / 4)
+    push(ps, 1, 2.0)
+    assert handle(ps, "stop", 0).answer[0] == "ok"  # one of two workers left: windows of 2
+    np.testing.assert_allclose(w_value(ps), 1.0 - LR * 2.0)  # 1 of 2 pushes in
+    push(ps, 1, 2.0)
+    np.testing.assert_allclose(w_value(ps), 1.0 - LR * 4.0)
+    push(ps, 1, 4.0)
+    assert handle(ps, "stop", 1).answer[0] == "ok"  # the last stop releases what is left
+    np.testing.assert_allclose(w_value(ps), 1.0 - LR * 8.0)
+
+
 def test_one_applies_each_push_on_arrival_as_paddle():
     ps = merging(workers=2, merge=1)
     push(ps, 0, 1.0)
