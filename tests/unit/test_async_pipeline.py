@@ -9,26 +9,13 @@ import numpy as np
 import pytest
 
 import fleet.framework as fw
-from fleet import layers, optimizer
 from fleet.communicator import make_communicator
 from fleet.framework.tensor import LoDTensor
-from fleet.transpiler.plan import build_plan
 from fleet.transport import Client, ServerSocket, serving
-from strategies import DistributedStrategyFactory
+from test_communicator_liveness import _plan
 
 PUSH_DELAY_S = 0.3
 FLAGS = {"communicator_send_queue_size": 1, "communicator_max_merge_var_num": 1, "put_timeout_s": 30}
-
-
-def _plan(endpoint):
-    main, startup = fw.Program(), fw.Program()
-    with fw.program_guard(main, startup):
-        x = layers.data("x", shape=[4])
-        ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
-        e = layers.sequence_pool(layers.embedding(ids, size=[50, 2], is_sparse=True, param_attr="t"), "sum")
-        out = layers.fc(layers.concat([e, x], axis=1), 2, param_attr="w", bias_attr=False)
-        optimizer.SGD(0.1).minimize(layers.mean(out))
-    return build_plan(main, DistributedStrategyFactory.create_async_strategy(), [endpoint], 1)
 
 
 class SlowPushServer:
@@ -69,7 +56,7 @@ def job():
     handler = SlowPushServer()
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(serving(ServerSocket("127.0.0.1:0"), handler, poll_ms=10, threaded=True))
-        plan = _plan(server.endpoint)
+        plan = _plan("async", server.endpoint)
         comm = make_communicator("async", plan, 0, fw.Scope(), FLAGS,
                                  connect=lambda ep: Client(ep, 0, timeout_ms=10000))
         comm.set_prefetch_inputs({"t": ["ids"]})
