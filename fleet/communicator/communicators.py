@@ -80,12 +80,13 @@ def _copy(value):
 
 
 class _Ahead:
-    """A background pull of the rows one training thread's next batch needs."""
+    """A background pull of the rows one training thread's next batch needs: ``ids`` as
+    the prefetch op will flatten them, the future of their PrefetchedRows."""
 
-    __slots__ = ("uniq", "future")
+    __slots__ = ("ids", "future")
 
-    def __init__(self, uniq, future):
-        self.uniq = uniq
+    def __init__(self, ids, future):
+        self.ids = ids
         self.future = future
 
 
@@ -151,12 +152,12 @@ class AsyncCommunicator(Communicator):
             if any(v is None for v in values):
                 continue
             ids = np.concatenate([np.asarray(getattr(v, "values", v), dtype=np.int64).reshape(-1) for v in values])
-            uniq = np.unique(ids)
-            future = self._pool.submit(self._pull_after, last, table, uniq)
+            future = self._pool.submit(self._pull_after, last, table, ids)
             with self._ahead_lock:
-                self._ahead[(me, table)] = _Ahead(uniq, future)
+                self._ahead[(me, table)] = _Ahead(ids, future)
 
-    def _pull_after(self, last, table, uniq):
+    def _pull_after(self, last, table, ids):
+        uniq = np.unique(ids)  # sorting here keeps it off the training thread
         if last is not None:
             self._wait_round(last, f"prefetching rows of {table!r}")
         return self.pull_rows(table, uniq)
@@ -166,12 +167,9 @@ class AsyncCommunicator(Communicator):
         the same ids, else pulled now (blocks)."""
         with self._ahead_lock:
             ahead = self._ahead.pop((threading.get_ident(), table), None)
-        if ahead is not None and not is_test:
-            uniq = np.unique(np.asarray(ids, dtype=np.int64))
-            if np.array_equal(uniq, ahead.uniq):
-                self._count("prefetches_ahead_used")
-                return ahead.future.result()
-            return self.pull_rows(table, uniq)
+        if ahead is not None and not is_test and np.array_equal(ids, ahead.ids):
+            self._count("prefetches_ahead_used")
+            return ahead.future.result()
         return super().prefetch(table, ids, is_test)
 
     def _start_threads(self):
