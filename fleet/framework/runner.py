@@ -32,7 +32,9 @@ class Plan:
             is_grad = op.type.endswith("_grad") and not has_op(op.type)
             method = opdef.backward if is_grad else opdef.forward
             self.steps.append((method, op, op.attr("op_role") == OPTIMIZE))
-        self.grad_names = [op.input("Grad")[0] for _, op, opt in self.steps if opt and op.input("Grad")]
+        # Every gradient an optimizer-role op reads: one per optimizer op locally, all of
+        # them for a distributed worker's single send op.
+        self.grad_names = list(dict.fromkeys(n for _, op, opt in self.steps if opt for n in op.input("Grad")))
 
 
 class Runner:

@@ -134,3 +134,17 @@ def test_data_parallel_errors_name_the_value_and_the_fix(monkeypatch):
     with pytest.raises(TypeError, match="expected Graph or Program"):
         fluid.CompiledProgram("main")
     compiled.close()
+
+
+def test_a_worker_programs_plan_combines_every_gradient_its_send_op_reads():
+    import fleet.communicator.ops  # noqa: F401  (registers the prefetch and send ops)
+    from fleet.framework.runner import Plan
+    from fleet.transpiler.plan import build_plan
+    from fleet.transpiler.worker_program import transpile_worker
+    from strategies import StrategyFactory
+
+    main, startup, _ = _program("sgd", True)
+    plan = build_plan(main, StrategyFactory.create_sync_strategy(), ["127.0.0.1:6170"], 1)
+    worker, _ = transpile_worker(main, startup, plan)
+    grads = {p.grad for p in plan.params.values()}
+    assert len(grads) == 5 and set(Plan(worker).grad_names) == grads
