@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from fleet.base import Fleet, check_saved_filename
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, DataError
 from fleet.framework import inference
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
@@ -24,7 +24,7 @@ from fleet.framework.scope import global_scope
 
 __all__ = ["save_vars", "save_params", "save_persistables", "load_vars", "load_params",
            "load_persistables", "save_inference_model", "load_inference_model", "is_parameter",
-           "is_persistable"]
+           "is_persistable", "DataLoader"]
 
 
 def is_parameter(var):
@@ -223,3 +223,133 @@ def _origin(program):
     from fleet.base import fleet
 
     return fleet._origin_program or program
+
+
+class DataLoader:
+    """Paddle 1.8's ``fluid.io.DataLoader``: ``from_generator`` in iterable mode."""
+
+    @staticmethod
+    def from_generator(feed_list=None, capacity=None, use_double_buffer=True, iterable=True, return_list=False,
+                       use_multiprocess=False, drop_last=True):
+        """A loader that turns a Python reader into feed dicts for ``exe.run``::
+
+            loader = fluid.io.DataLoader.from_generator(feed_list=[x, y], capacity=16)
+            loader.set_sample_list_generator(paddle_batched_reader, places=fluid.cpu_places())
+            for data in loader():
+                exe.run(program, feed=data, fetch_list=[loss])
+
+        Each item is a list with one feed dict per place (consecutive batches go to
+        consecutive places; a trailing group with fewer batches than places is dropped
+        when ``drop_last``): ``exe.run`` takes a one-dict list for a Program and one dict
+        per replica for a data-parallel CompiledProgram.
+
+        Args:
+            feed_list: the input Variables, in the order a sample lists its values.
+            capacity: batches Paddle buffers ahead (an int > 0); fleet makes each batch
+                when the loop asks for it, in the loop's thread, so nothing is buffered.
+            use_double_buffer, use_multiprocess: accepted (no device copies to overlap).
+            iterable: must be True (the start() / reset() mode reads data inside
+                ``exe.run`` through reader ops, which fleet programs do not have).
+            return_list: must be False (lists of arrays are for Paddle's dygraph mode).
+            drop_last: see above.
+
+        Raises:
+            ConfigError: iterable=False, return_list=True, no feed_list, or a capacity
+                that is not a positive int.
+        """
+        return GeneratorLoader(feed_list, capacity, iterable, return_list, drop_last)
+
+
+class GeneratorLoader:
+    """What ``DataLoader.from_generator`` returns (see there). Iterate it (``loader()`` or
+    ``loader``) from one thread at a time."""
+
+    def __init__(self, feed_list, capacity, iterable, return_list, drop_last):
+        if not iterable:
+            raise ConfigError("DataLoader.from_generator(iterable=False): fleet loaders are iterable only; "
+                              "pass iterable=True and feed each batch: for data in loader(): exe.run(prog, "
+                              "feed=data)")
+        if return_list:
+            raise ConfigError("DataLoader.from_generator(return_list=True) gives lists of arrays for dygraph "
+                              "mode, which fleet does not have; pass return_list=False (feed dicts)")
+        if not feed_list:
+            raise ConfigError("DataLoader.from_generator needs feed_list: the input Variables, in the order a "
+                              "sample lists its values")
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ConfigError(f"DataLoader.from_generator(capacity={capacity!r}): The capacity must be greater "
+                              f"than 0.")
+        from fleet.fluid.data_feeder import DataFeeder
+
+        self._feeder = DataFeeder(feed_list)
+        self._names = [v.name for v in self._feeder.feed_vars]
+        self._drop_last = bool(drop_last)
+        self._batches = None
+        self._places = 1
+
+    def _set(self, batches, places):
+        if places is not None:
+            places = list(places) if isinstance(places, (list, tuple)) else [places]
+            bad = [p for p in places if type(p).__name__ != "CPUPlace"]
+            if bad or not places:
+                raise ConfigError(f"places={places!r}: fleet runs on CPUs only; pass fluid.cpu_places() or "
+                                  f"fluid.CPUPlace()")
+            self._places = len(places)
+        self._batches = batches
+        return self
+
+    def set_sample_generator(self, reader, batch_size, drop_last=True, places=None):
+        """``reader()`` yields samples (one value per input); they are grouped into
+        batches of ``batch_size`` (a shorter last batch is dropped when ``drop_last``)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"set_sample_generator(batch_size={batch_size!r}) must be an int >= 1")
+
+        def batches():
+            batch = []
+            for sample in reader():
+                batch.append(sample)
+                if len(batch) == batch_size:
+                    yield self._feeder.feed(batch)
+                    batch = []
+            if batch and not drop_last:
+                yield self._feeder.feed(batch)
+
+        return self._set(batches, places)
+
+    def set_sample_list_generator(self, reader, places=None):
+        """``reader()`` yields batches as lists of samples (what ``paddle.batch`` makes)."""
+        return self._set(lambda: (self._feeder.feed(samples) for samples in reader()), places)
+
+    def set_batch_generator(self, reader, places=None):
+        """``reader()`` yields batches as one array (or LoDTensor, or list of sequences)
+        per input, in ``feed_list`` order.
+
+        Raises:
+            DataError: a batch with another number of values than inputs.
+        """
+        def batches():
+            for i, batch in enumerate(reader()):
+                if isinstance(batch, dict):
+                    yield batch
+                    continue
+                if len(batch) != len(self._names):
+                    raise DataError(f"batch {i} of the batch generator has {len(batch)} values but feed_list "
+                                    f"has {len(self._names)} inputs {self._names}")
+                yield dict(zip(self._names, batch))
+
+        return self._set(batches, places)
+
+    def __call__(self):
+        return iter(self)
+
+    def __iter__(self):
+        if self._batches is None:
+            raise ConfigError("this DataLoader has no data: call set_sample_generator, set_sample_list_generator "
+                              "or set_batch_generator first")
+        group = []
+        for feed in self._batches():
+            group.append(feed)
+            if len(group) == self._places:
+                yield group
+                group = []
+        if group and not self._drop_last:
+            yield group

@@ -70,7 +70,9 @@ class Executor:
                 ``CompiledProgram`` (the batch is split across its replicas; see
                 ``fleet.framework.compiler``).
             feed: {name: value}; a lod_level=0 input as an array [batch, *shape], a
-                lod_level=1 input as ``(values, lengths)`` or a list of sequences.
+                lod_level=1 input as ``(values, lengths)`` or a list of sequences. A list
+                of one such dict is taken as the dict (Paddle's feed per place); a
+                CompiledProgram takes one dict per replica.
             fetch_list: variables or names whose values to return.
             scope: where parameters live (default: ``global_scope()``).
             return_numpy: return numpy arrays (copies); else the raw values.
@@ -100,6 +102,12 @@ class Executor:
         if not isinstance(program, Program):
             raise TypeError(f"program must be a fleet.Program, got {type(program).__name__}")
         self._note_closing(program)
+        if isinstance(feed, (list, tuple)):  # one feed per place (a DataLoader's batches)
+            if len(feed) != 1:
+                raise DataError(f"feed is a list of {len(feed)} dicts (one per place) but the program is not "
+                                f"compiled with data parallel; run a CompiledProgram(...).with_data_parallel() "
+                                f"or feed one dict")
+            feed = feed[0]
         runner = self._runner(program, scope)
         local = runner.local
         try:

@@ -208,3 +208,36 @@ def test_transpiler_errors_name_the_value_and_the_fix():
     assert t.get_pserver_programs("127.0.0.1:6170")[0] is program
     with pytest.raises(TypeError, match="config must be a fluid.DistributeTranspilerConfig"):
         fluid.DistributeTranspiler(config={"sync_mode": False})
+
+
+def test_data_loader_feeds_batches_to_a_program_and_per_place_to_a_compiled_one(monkeypatch):
+    monkeypatch.setenv("CPU_NUM", "2")
+    main, startup, _, loss = _model()
+    x, ids, y = (main.global_block().vars[n] for n in ("x", "ids", "y"))
+    samples = [([0.1 * i, 0.2, 0.3], [i % 7, 3], [i % 2]) for i in range(10)]
+    loader = fluid.io.DataLoader.from_generator(feed_list=[x, ids, y], capacity=4)
+    loader.set_sample_generator(lambda: iter(samples), batch_size=4, drop_last=True, places=fluid.CPUPlace())
+    batches = list(loader())
+    assert [len(b) for b in batches] == [1, 1] and batches[0][0]["x"].shape == (4, 3)
+    exe = fluid.Executor()
+    with fluid.scope_guard(fluid.Scope()):
+        exe.run(startup)
+        for data in loader():
+            exe.run(main, feed=data, fetch_list=[loss])
+        pairs = fluid.io.DataLoader.from_generator(feed_list=[x, ids, y], capacity=4)
+        pairs.set_sample_list_generator(lambda: (samples[i:i + 2] for i in range(0, 10, 2)),
+                                        places=fluid.cpu_places())
+        compiled = fluid.CompiledProgram(main).with_data_parallel(loss_name=loss.name)
+        groups = [exe.run(compiled, feed=data, fetch_list=[loss])[0] for data in pairs()]
+        assert len(groups) == 2 and all(g.shape == (2,) for g in groups)  # 5 batches: the odd one dropped
+        with pytest.raises(DataError, match=r"feed is a list of 2 dicts \(one per place\) but the program is not"):
+            exe.run(main, feed=next(iter(pairs)))
+        compiled.close()
+    with pytest.raises(ConfigError, match="fleet loaders are iterable only"):
+        fluid.io.DataLoader.from_generator(feed_list=[x], iterable=False)
+    with pytest.raises(ConfigError, match="The capacity must be greater than 0"):
+        fluid.io.DataLoader.from_generator(feed_list=[x], capacity=0)
+    batch_loader = fluid.io.DataLoader.from_generator(feed_list=[x, y])
+    batch_loader.set_batch_generator(lambda: iter([(np.zeros((2, 3)),)]))
+    with pytest.raises(DataError, match=r"batch 0 of the batch generator has 1 values but feed_list has 2"):
+        list(batch_loader())
