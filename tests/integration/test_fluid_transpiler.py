@@ -3,7 +3,8 @@ pservers and two trainers started by hand with the manual's variables
 (PADDLE_TRAINING_ROLE, PADDLE_PSERVER_IPS, PADDLE_PSERVER_PORT, PADDLE_TRAINERS,
 PADDLE_CURRENT_IP, PADDLE_TRAINER_ID). The servers' exe.run(pserver_program) returns once
 both trainers called exe.close(); sync equals one process on both trainers' batches
-together; async trains (losses fall)."""
+together, and trainer 0's fluid.io.save_persistables holds those parameters; async
+trains (losses fall)."""
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from fleet.framework.io import read_vars
 
 SCRIPT = Path(__file__).parent / "scripts" / "fluid_dist_train.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +63,9 @@ def test_sync_pservers_serve_until_both_trainers_close_and_equal_one_process_on_
         assert len(losses) == len(ref_losses) == 240
         for name in ("w", "b"):
             np.testing.assert_allclose(params[name], ref[name], rtol=1e-5, atol=1e-6, err_msg=f"{tag} {name}")
+    saved = read_vars(str(tmp_path / "saved"), ["fc_0.w_0", "fc_0.b_0"])  # fluid.io on trainer 0
+    np.testing.assert_allclose(saved["fc_0.w_0"], ref["w"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(saved["fc_0.b_0"], ref["b"], rtol=1e-5, atol=1e-6)
     # each trainer's loss is on its own half of the batch the local run sees whole
     both = np.add(_result(tmp_path, "trainer0")[1], _result(tmp_path, "trainer1")[1]) / 2
     np.testing.assert_allclose(both, ref_losses, rtol=1e-4)
