@@ -204,6 +204,8 @@ class Executor:
         if dataset is None:
             raise RuntimeError("dataset is need and should be initialized")
         program = default_main_program() if program is None else program
+        if isinstance(program, CompiledProgram):  # the dataset's threads are the replicas
+            program = program.program
         if not isinstance(program, Program):
             raise TypeError(f"program must be a fleet.Program, got {type(program).__name__}")
         if not train:

@@ -148,3 +148,31 @@ def test_a_worker_programs_plan_combines_every_gradient_its_send_op_reads():
     worker, _ = transpile_worker(main, startup, plan)
     grads = {p.grad for p in plan.params.values()}
     assert len(grads) == 5 and set(Plan(worker).grad_names) == grads
+
+
+def test_train_from_dataset_takes_a_compiled_programs_program(tmp_path):
+    import fleet
+
+    main, startup, loss = _program("sgd", True)
+    rng = np.random.default_rng(4)
+    with open(tmp_path / "part", "w") as f:
+        for _ in range(40):
+            ids = rng.integers(0, VOCAB, 2)
+            f.write(f"3 {' '.join(f'{v:.3f}' for v in rng.normal(size=3))} 2 {ids[0]} {ids[1]} 1 {rng.integers(0, 2)}\n")
+    runs = []
+    for wrap in (False, True):
+        scope = fw.Scope()
+        exe = fluid.Executor()
+        exe.run(startup, scope=scope)
+        ds = fleet.DatasetFactory().create_dataset("QueueDataset")
+        block = main.global_block()
+        ds.set_use_var([block.vars["x"], block.vars["ids"], block.vars["y"]])
+        ds.set_batch_size(10)
+        ds.set_thread(1)
+        ds.set_filelist([str(tmp_path / "part")])
+        program = fluid.CompiledProgram(main).with_data_parallel(loss_name=loss.name) if wrap else main
+        summary = exe.train_from_dataset(program, ds, scope=scope, print_period=0)
+        assert summary["batches"] == 4
+        runs.append(_params(main, scope))
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[0][name], runs[1][name])
