@@ -24,6 +24,7 @@ def _program(opt, sparse):
         h = layers.fc(layers.concat([emb, x], axis=1), 6, act="relu")
         pred = layers.fc(h, 2, act="softmax")
         loss = layers.mean(layers.cross_entropy(pred, y))
+        layers.auc(pred, y, slide_steps=3)
         OPTIMIZERS[opt]().minimize(loss)
     startup.random_seed = 3
     return main, startup, loss
@@ -42,6 +43,11 @@ def _batches(steps, n, seed=0):
 
 def _params(main, scope):
     return {p.name: np.array(scope[p.name]) for p in main.global_block().all_parameters()}
+
+
+def _state(main, scope):
+    """Every persistable value: parameters, optimizer state, auc statistics and window."""
+    return {v.name: np.array(scope[v.name]) for v in main.list_vars() if v.persistable and not v.is_data}
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
@@ -67,6 +73,8 @@ def test_two_replicas_with_reduce_equal_one_replica_on_the_whole_batch(opt, spar
     a, b = _params(main, one), _params(main, two)
     assert set(a) == set(b) == set(initial)
     assert all(not np.allclose(a[n], initial[n]) for n in a)  # every parameter trained
+    a, b = _state(main, one), _state(main, two)  # and the optimizer and metric state
+    assert len(a) > len(initial)
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
     compiled.close()
@@ -127,6 +135,9 @@ def test_data_parallel_errors_name_the_value_and_the_fix(monkeypatch):
         compiled.with_data_parallel(loss_name=loss.name)
     with pytest.raises(ConfigError, match="The loss name of CompiledProgram is None"):
         fluid.CompiledProgram(main).with_data_parallel()
+    assert fluid.CompiledProgram(main).with_data_parallel(loss.name, places=fluid.cpu_places(3)).replica_count() == 3
+    with pytest.raises(ConfigError, match="The shared Program is not data parallel"):
+        fluid.CompiledProgram(main).with_data_parallel(loss.name, share_vars_from=fluid.CompiledProgram(main))
     with pytest.raises(ConfigError, match="fleet runs replicas on CPUs only"):
         fluid.CompiledProgram(main).with_data_parallel(loss.name, places=["gpu:0"])
     with pytest.raises(ConfigError, match="use_cuda=True"):
