@@ -15,13 +15,14 @@ import pytest
 SCRIPT = Path(__file__).parent / "scripts" / "best_practice.py"
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow  # two local runs and a fleetrun job (1 server, 1 worker): about 5 s
+pytestmark = pytest.mark.slow  # local runs and fleetrun jobs (1 server, 1 worker): about 3 s a job
 
 
-def _env():
+def _env(strategy="sync"):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINING_ROLE", "PADDLE_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["CPU_NUM"] = "2"
+    env["BP_STRATEGY"] = strategy
     return env
 
 
@@ -48,3 +49,12 @@ def test_parallel_executor_and_compiled_program_train_locally_and_on_a_worker_al
         np.testing.assert_allclose(pe[name], local[name], rtol=1e-6, err_msg=name)
         np.testing.assert_allclose(worker[name], local[name], rtol=1e-4, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(worker_losses, local_losses, rtol=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["async", "geo"])
+def test_compiled_program_trains_on_an_async_and_a_geo_worker(tmp_path, fleetrun, strategy):
+    job = fleetrun("--server_num", "1", "--worker_num", "1", SCRIPT, "compiled", tmp_path, timeout=120,
+                   env=_env(strategy))
+    assert job.returncode == 0, job.stderr[-3000:]
+    _, losses = _load(tmp_path, f"compiled-worker0-{strategy}")
+    assert len(losses) == 20 and np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.03, losses

@@ -1,7 +1,8 @@
 """Paddle 1.x's "best practices of distributed training on CPU" page, run as written
 (imports aside) by tests/integration/test_best_practice.py.
 
-Usage: best_practice.py pe|compiled OUT_DIR
+Usage: best_practice.py pe|compiled OUT_DIR   (BP_STRATEGY: sync (default), half_async,
+async or geo)
 
 - pe: the page's first example: ExecutionStrategy.num_threads, BuildStrategy Reduce when
   CPU_NUM > 1, fluid.ParallelExecutor(use_cuda=False, ...) trained with pe.run.
@@ -78,8 +79,13 @@ if mode == "pe":
         losses.append(float(np.mean(value)))
     role = "local"
 else:
-    # step1: the strategy
-    strategy = DistributedStrategyFactory.create_sync_strategy()
+    # step1: the strategy (the page lists all four; BP_STRATEGY picks one)
+    strategy = {
+        "sync": DistributedStrategyFactory.create_sync_strategy,
+        "half_async": DistributedStrategyFactory.create_half_async_strategy,
+        "async": DistributedStrategyFactory.create_async_strategy,
+        "geo": lambda: DistributedStrategyFactory.create_geo_strategy(update_frequency=4),
+    }[os.getenv("BP_STRATEGY", "sync")]()
     # step2: the role
     role = role_maker.PaddleCloudRoleMaker()
     fleet.init(role)
@@ -103,9 +109,10 @@ else:
     role = "local" if fleet.is_local() else "worker%d" % fleet.worker_index()
 
 scope = fluid.global_scope()
-np.savez(os.path.join(out_dir, "%s-%s.npz" % (mode, role)),
+tag = "%s-%s%s" % (mode, role, "" if os.getenv("BP_STRATEGY", "sync") == "sync" else "-" + os.environ["BP_STRATEGY"])
+np.savez(os.path.join(out_dir, tag + ".npz"),
          **{name.replace(".", "_"): np.array(scope[name]) for name in ("fc_0.w_0", "fc_0.b_0", "fc_1.w_0")})
-with open(os.path.join(out_dir, "%s-%s.json" % (mode, role)), "w") as f:
+with open(os.path.join(out_dir, tag + ".json"), "w") as f:
     json.dump({"losses": losses}, f)
 if mode == "compiled":
     fleet.stop_worker()
