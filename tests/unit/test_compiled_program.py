@@ -187,3 +187,44 @@ def test_train_from_dataset_takes_a_compiled_programs_program(tmp_path):
         runs.append(_params(main, scope))
     for name in runs[0]:
         np.testing.assert_array_equal(runs[0][name], runs[1][name])
+
+
+def test_a_half_async_worker_step_split_across_replicas_equals_local_training(monkeypatch):
+    """In process: one server behind fake clients, the worker's transpiled program with its
+    communicator as training hooks, run as a CompiledProgram of two replicas."""
+    from fake_cluster import FakeClient, endpoints, startup_values
+    from fleet.communicator import make_communicator
+    from fleet.server.parameter_server import ParameterServer
+    from fleet.transpiler.plan import build_plan
+    from fleet.transpiler.worker_program import transpile_worker
+    from strategies import StrategyFactory
+
+    monkeypatch.setenv("CPU_NUM", "2")
+    batches = _batches(3, 8, seed=9)
+    main, startup, loss = _program("sgd", True)
+    local = fw.Scope()
+    exe = fluid.Executor()
+    exe.run(startup, scope=local)
+    for feed in batches:
+        exe.run(main, feed=feed, scope=local)
+
+    strategy = StrategyFactory.create_half_async_strategy()
+    plan = build_plan(main, strategy, endpoints(1), 1)
+    server = ParameterServer(plan.server_endpoints[0], plan, startup_values(startup))
+    worker, worker_startup = transpile_worker(main, startup, plan)
+    scope = fw.Scope()
+    comm = make_communicator("half_async", plan, 0, scope, {}, connect=lambda ep: FakeClient(server, 0))
+    worker.training_hooks = comm
+    comm.start()
+    comm.pull_dense()
+    exe.run(worker_startup, scope=scope)
+    compiled = fluid.CompiledProgram(worker).with_data_parallel(loss_name=loss.name)
+    for feed in batches:
+        losses, = exe.run(compiled, feed=feed, fetch_list=[loss], scope=scope)
+        assert losses.shape == (2,)
+    table = comm.pull_whole(plan.params["embedding.w_0"])
+    comm.stop()
+    compiled.close()
+    np.testing.assert_allclose(table, local["embedding.w_0"], rtol=1e-5, atol=1e-7)
+    for name in ("fc_0.w_0", "fc_0.b_0", "fc_1.w_0", "fc_1.b_0"):
+        np.testing.assert_allclose(scope[name], local[name], rtol=1e-5, atol=1e-7, err_msg=name)
