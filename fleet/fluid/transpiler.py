@@ -27,7 +27,7 @@ for ``fleet.distributed_optimizer``).
 import numpy as np
 
 from fleet.base import Fleet
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, RoleError
 from fleet.framework.program import OPTIMIZE, Program, default_main_program, default_startup_program
 from fleet.framework.registry import OpDef, register_op
 from fleet.runtime import ServerRuntime, WorkerRuntime
@@ -123,9 +123,11 @@ class DistributeTranspiler:
             raise ConfigError(f"pservers={pservers!r} must be a comma list of ip:port, e.g. "
                               f"'127.0.0.1:6174,127.0.0.1:6175'")
         endpoints = [e.strip() for e in pservers.split(",")]
-        # The role maker validates the endpoints (host:port, no duplicates) with its messages.
-        UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=int(trainers),
-                             server_endpoints=endpoints).generate_role()
+        try:  # the role maker's checks of endpoints: host:port, no duplicates
+            UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=int(trainers),
+                                 server_endpoints=endpoints).generate_role()
+        except (RoleError, TypeError) as e:
+            raise ConfigError(f"pservers={pservers!r}: {e}") from e
         program = default_main_program() if program is None else program
         startup_program = default_startup_program() if startup_program is None else startup_program
         for what, prog in (("program", program), ("startup_program", startup_program)):

@@ -195,6 +195,8 @@ def test_transpiler_errors_name_the_value_and_the_fix():
         t.transpile(2, program=main, pservers="127.0.0.1:6170", trainers=2, startup_program=startup)
     with pytest.raises(ConfigError, match="NCCL2 mode, which fleet does not run"):
         t.transpile(0, program=main, pservers="127.0.0.1:6170", trainers="127.0.0.1:1,127.0.0.1:2")
+    with pytest.raises(ConfigError, match=r"pservers='127.0.0.1': .* must have exactly one ':' between host and port"):
+        t.transpile(0, program=main, pservers="127.0.0.1", trainers=1)
     with pytest.raises(ConfigError, match=r"pservers='' must be a comma list of ip:port"):
         t.transpile(0, program=main, pservers="", trainers=1)
     with pytest.raises(ConfigError, match="no optimizer ops"):
