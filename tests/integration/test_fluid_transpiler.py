@@ -3,7 +3,8 @@ pservers and two trainers started by hand with the manual's variables
 (PADDLE_TRAINING_ROLE, PADDLE_PSERVER_IPS, PADDLE_PSERVER_PORT, PADDLE_TRAINERS,
 PADDLE_CURRENT_IP, PADDLE_TRAINER_ID). The servers' exe.run(pserver_program) returns once
 both trainers called exe.close(); sync equals one process on both trainers' batches
-together, and trainer 0's fluid.io.save_persistables holds those parameters; async
+together, and trainer 0's fluid.io.save_persistables and save_inference_model hold
+those parameters; async
 trains (losses fall)."""
 import json
 import os
@@ -66,6 +67,15 @@ def test_sync_pservers_serve_until_both_trainers_close_and_equal_one_process_on_
     saved = read_vars(str(tmp_path / "saved"), ["fc_0.w_0", "fc_0.b_0"])  # fluid.io on trainer 0
     np.testing.assert_allclose(saved["fc_0.w_0"], ref["w"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(saved["fc_0.b_0"], ref["b"], rtol=1e-5, atol=1e-6)
+    import fleet.fluid as fluid  # the inference model trainer 0 saved predicts as the reference
+
+    exe = fluid.Executor()
+    with fluid.scope_guard(fluid.Scope()):
+        program, feeds, fetches = fluid.io.load_inference_model(str(tmp_path / "model"), exe)
+        x = np.random.default_rng(3).normal(size=(5, 13)).astype("float32")
+        predicted, = exe.run(program, feed={"x": x}, fetch_list=fetches)
+    assert feeds == ["x"]
+    np.testing.assert_allclose(predicted, x @ ref["w"] + ref["b"], rtol=1e-5, atol=1e-5)
     # each trainer's loss is on its own half of the batch the local run sees whole
     both = np.add(_result(tmp_path, "trainer0")[1], _result(tmp_path, "trainer1")[1]) / 2
     np.testing.assert_allclose(both, ref_losses, rtol=1e-4)

@@ -7,7 +7,8 @@ Changed from the manual: the import; the data (paddle.dataset.uci_housing, which
 download, becomes 64 generated housing-like examples, shuffled per trainer with
 paddle.reader.shuffle's role played by a seeded permutation); FLUID_SYNC=0 passes
 sync_mode=False to transpile; each trainer writes its losses and parameters to
-FLUID_OUT for the test (trainer 0 also saves its persistables there with fluid.io);
+FLUID_OUT for the test (trainer 0 also saves its persistables and an inference model there with
+fluid.io);
 PADDLE_TRAINING_ROLE=LOCAL trains one process on both trainers'
 batches together (the test's reference, not in the manual).
 """
@@ -117,8 +118,9 @@ def train():
                     print("Epoch: {0}, Batch: {1}, loss: {2}".format(
                         epoch, batch_id, avg_loss_value[0]))
         record("trainer%d" % trainer_id, losses)
-        if trainer_id == 0:  # not in the manual: a save through fluid.io, read back by the test
+        if trainer_id == 0:  # not in the manual: saves through fluid.io, read back by the test
             fluid.io.save_persistables(exe, os.path.join(out_dir, "saved"), trainer_prog)
+            fluid.io.save_inference_model(os.path.join(out_dir, "model"), ["x"], [y_predict], exe, trainer_prog)
         # destory the resource of current trainer node in pserver server node
         exe.close()
     else:
