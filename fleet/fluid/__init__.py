@@ -63,6 +63,7 @@ _NAMES = {
     "DatasetFactory": ("fleet.dataset", "DatasetFactory"),
     "data": ("fleet.fluid.input", "data"),
     "embedding": ("fleet.fluid.input", "embedding"),
+    "one_hot": ("fleet.fluid.input", "one_hot"),
     "CompiledProgram": ("fleet.framework.compiler", "CompiledProgram"),
     "ParallelExecutor": ("fleet.framework.compiler", "ParallelExecutor"),
     "BuildStrategy": ("strategies", "BuildStrategy"),

@@ -243,3 +243,22 @@ def test_data_loader_feeds_batches_to_a_program_and_per_place_to_a_compiled_one(
     batch_loader.set_batch_generator(lambda: iter([(np.zeros((2, 3)),)]))
     with pytest.raises(DataError, match=r"batch 0 of the batch generator has 1 values but feed_list has 2"):
         list(batch_loader())
+
+
+def test_fluid_one_hot_appends_depth_and_keeps_sequences():
+    fw.unique_name.reset()
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        ids = fluid.data(name="ids", shape=[None, 1], dtype="int64")
+        seq = fluid.data(name="seq", shape=[None], dtype="int64", lod_level=1)
+        dense = fluid.one_hot(ids, depth=4)
+        rows = fluid.one_hot(seq, depth=3, allow_out_of_range=True)
+        pooled = fluid.layers.sequence_pool(rows, "sum")
+    assert dense.shape == (-1, 1, 4) and rows.lod_level == 1
+    exe = fluid.Executor()
+    a, b = exe.run(main, feed={"ids": np.array([[2], [0]]), "seq": [[0, 2, 2], [7]]}, fetch_list=[dense, pooled],
+                   scope=fluid.Scope())
+    np.testing.assert_array_equal(a, [[[0, 0, 1, 0]], [[1, 0, 0, 0]]])
+    np.testing.assert_array_equal(b, [[1, 0, 2], [0, 0, 0]])  # id 7 is out of range: a zero row
+    with pytest.raises(DataError, match=r"id 4 is outside \[0, 4\); pass allow_out_of_range=True"):
+        exe.run(main, feed={"ids": np.array([[4]]), "seq": [[1]]}, fetch_list=[dense], scope=fluid.Scope())
