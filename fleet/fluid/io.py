@@ -21,6 +21,7 @@ from fleet.framework import io as fio
 from fleet.framework.executor import Executor
 from fleet.framework.program import Parameter, Program, Variable, default_main_program
 from fleet.framework.scope import global_scope
+from fleet.fluid import input as _input_ops  # noqa: F401  (a saved program may hold one_hot_v2)
 
 __all__ = ["save_vars", "save_params", "save_persistables", "load_vars", "load_params",
            "load_persistables", "save_inference_model", "load_inference_model", "is_parameter",
