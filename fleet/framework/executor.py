@@ -233,9 +233,12 @@ class Executor:
         return summary
 
     def _note_closing(self, program):
-        for callback in getattr(program, "_on_executor_close", ()):
-            if not any(c is callback for c in self._on_close):
-                self._on_close.append(callback)
+        callbacks = getattr(program, "_on_executor_close", ())
+        if callbacks:
+            with self._lock:  # run() may be called from several threads
+                for callback in callbacks:
+                    if not any(c is callback for c in self._on_close):
+                        self._on_close.append(callback)
 
     def close(self):
         """Releases the executor's buffers. A program that says what its executor's close
@@ -243,7 +246,8 @@ class Executor:
         order its runs registered them: a ``fluid.DistributeTranspiler`` trainer program
         tells the servers this trainer is done, as Paddle's ``exe.close()`` does (with the
         fleet API, ``fleet.stop_worker()`` does the talking to servers)."""
-        callbacks, self._on_close = self._on_close, []
+        with self._lock:
+            callbacks, self._on_close = self._on_close, []
         self._plans.clear()
         self._tls = threading.local()
         self._closed = True
