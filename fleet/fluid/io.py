@@ -79,15 +79,21 @@ def save_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
         The directory written.
 
     Raises:
-        ConfigError: a chosen variable has no value (run the startup program first).
+        ConfigError: a chosen variable has no value (run the startup program first), or
+            on a distributed worker lives only on the servers (save_persistables pulls it).
     """
     _check_executor(executor)
     program = _program(main_program)
     names = _select(program, vars, predicate)
     scope = global_scope()
+    runtime = _runtime(program)
+    held = runtime.server_held() if runtime is not None else set()
     arrays = {}
     for name in names:
         value = scope.find_var(name)
+        if value is None and name in held:
+            raise ConfigError(f"cannot save {name!r} from this worker: it lives on the servers; "
+                              f"fluid.io.save_persistables(exe, dirname, program) pulls it whole")
         if value is None:
             raise ConfigError(f"cannot save {name!r}: it has no value in the global scope; run the startup "
                               f"program (and train) before saving")

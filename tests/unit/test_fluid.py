@@ -2,6 +2,7 @@
 fluid.data / fluid.embedding, unique_name, memory_optimize and the DistributeTranspiler's
 planning and errors (its processes: tests/integration/test_fluid_transpiler.py)."""
 import importlib
+import os
 import logging
 
 import numpy as np
@@ -262,3 +263,31 @@ def test_fluid_one_hot_appends_depth_and_keeps_sequences():
     np.testing.assert_array_equal(b, [[1, 0, 2], [0, 0, 0]])  # id 7 is out of range: a zero row
     with pytest.raises(DataError, match=r"id 4 is outside \[0, 4\); pass allow_out_of_range=True"):
         exe.run(main, feed={"ids": np.array([[4]]), "seq": [[1]]}, fetch_list=[dense], scope=fluid.Scope())
+
+
+def test_save_params_on_a_worker_names_a_table_the_servers_hold(tmp_path):
+    import fleet.communicator.ops  # noqa: F401  (the worker program's ops)
+    from fleet.transpiler.plan import build_plan
+    from fleet.transpiler.worker_program import transpile_worker
+    from strategies import StrategyFactory
+
+    main, startup, _, _ = _model()
+    plan = build_plan(main, StrategyFactory.create_async_strategy(), ["127.0.0.1:6170"], 1)
+    worker, worker_startup = transpile_worker(main, startup, plan)
+
+    class Runtime:  # what fluid.io asks of a worker's runtime here
+        def server_held(self):
+            return set(plan.params)
+
+    worker._fleet_runtime = Runtime()
+    exe = fluid.Executor()
+    with fluid.scope_guard(fluid.Scope()):
+        exe.run(worker_startup)
+        for p in plan.params.values():  # the dense parameters a worker pulled
+            if p.kind == "dense":
+                fluid.global_scope()[p.name] = np.zeros(p.shape, "float32")
+        with pytest.raises(ConfigError, match=r"cannot save 'embedding.w_0' from this worker: it lives on the "
+                                              r"servers; fluid.io.save_persistables"):
+            fluid.io.save_params(exe, str(tmp_path / "p"), worker)
+        saved = fluid.io.save_vars(exe, str(tmp_path / "v"), worker, vars=["fc_0.w_0"])
+    assert os.path.isfile(os.path.join(saved, "fc_0.w_0"))
