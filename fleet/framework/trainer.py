@@ -10,8 +10,7 @@ import numpy as np
 
 from fleet.errors import ConfigError
 from fleet.framework.hooks import TrainingHooks
-from fleet.framework.runner import Runner, feed_value, reduce_gradients
-from fleet.framework.tensor import LoDTensor
+from fleet.framework.runner import Runner, batch_size as _batch_size, combine_step, feed_value, split_batch
 from strategies.execution import ReduceStrategy
 
 log = logging.getLogger("fleet")
@@ -47,37 +46,6 @@ def _fmt(value):
 
 def _name(v):
     return v if isinstance(v, str) else v.name
-
-
-def _batch_size(feed):
-    for value in feed.values():
-        return len(value) if not hasattr(value, "batch_size") else value.batch_size
-    return 0
-
-
-def split_batch(feed, parts):
-    """Splits a batch into at most ``parts`` consecutive batches whose sizes differ by at
-    most one example (Paddle's ParallelExecutor splits its feed across devices so).
-
-    Returns:
-        A list of feed dicts, none empty (fewer than ``parts`` when the batch is smaller).
-    """
-    n = _batch_size(feed)
-    parts = max(1, min(int(parts), n))
-    if parts == 1:
-        return [feed]
-    bounds = [n * i // parts for i in range(parts + 1)]
-    out = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        piece = {}
-        for name, value in feed.items():
-            if isinstance(value, LoDTensor):
-                lo, hi = int(value.offsets[a]), int(value.offsets[b])
-                piece[name] = LoDTensor(value.values[lo:hi], value.offsets[a:b + 1] - lo)
-            else:
-                piece[name] = value[a:b]
-        out.append(piece)
-    return out
 
 
 def serial_threads_requested():
@@ -216,18 +184,9 @@ class DatasetTrainer:
                     sizes = [compute(pair) for pair in zip(active, batches)]
                 else:
                     sizes = list(pool.map(compute, zip(active, batches)))
-                lead = active[0]
                 # A split batch's parts are weighted by their share of its examples, so the
                 # update is the whole batch's mean gradient (as one thread computes it).
-                shares = [n / sum(sizes) for n in sizes] if self.split else None
-                for name in self.plan.grad_names:
-                    got = [(r.local.get(name), i) for i, r in enumerate(active)]
-                    got = [(v, i) for v, i in got if v is not None]
-                    if len(got) > 1 or (got and shares):
-                        weights = [shares[i] for _, i in got] if shares else None
-                        lead.local[name] = reduce_gradients([v for v, _ in got], weights=weights)
-                    elif got:
-                        lead.local[name] = got[0][0]
+                lead = combine_step(active, sizes, self.plan.grad_names, self.split)
                 lead.run(compute=False)
                 if self.split:
                     self._record(lead, sum(sizes))
