@@ -164,6 +164,11 @@ class DatasetBase:
         """
         return _iterate(self, timeout)
 
+    def _describe_empty_pass(self, report):
+        """Why a pass over this dataset ran no example, for the trainer's DataError."""
+        return _describe_files(self._filelist or [], report.get("lines", 0), report.get("bad_lines_skipped", 0),
+                               "the dataset's")
+
     def _pass_config(self, threads=None):
         """Checks the settings and freezes them for one pass or load."""
         if self._slots is None:
@@ -180,6 +185,19 @@ class DatasetBase:
         return PassConfig(self._slots, self._batch_size, self._filelist, self._pipe_command,
                           self._data_format, self._hash_dim, self._skip_bad_lines,
                           threads or self.thread_num)
+
+
+def _describe_files(files, lines, skipped, whose):
+    """"the dataset's file list is empty ..." / "the dataset's 2 files [...] held 0 lines"."""
+    if not files:
+        return (f"{whose} file list is empty (set_filelist([])); give every worker at least one file "
+                f"(fleet.split_files(files) gives a worker none when there are fewer files than workers)")
+    shown = files if len(files) <= 3 else files[:3] + [f"... {len(files) - 3} more"]
+    held = f"held {lines} line{'' if lines == 1 else 's'}"
+    if lines and skipped >= lines:
+        held += ", every one skipped as malformed (set_skip_bad_lines)"
+    return (f"{whose} {len(files)} file{'' if len(files) == 1 else 's'} {shown} {held}; check the files "
+            f"(and the pipe command, if one is set)")
 
 
 def _iterate(dataset, timeout):
@@ -239,6 +257,7 @@ class InMemoryDataset(DatasetBase):
         self._shuffle_seed = None
         self._shuffles = 0
         self._shuffled = 0
+        self._loading_files = self._loaded_files = []
 
     def set_shuffle_seed(self, seed):
         """Makes local_shuffle and global_shuffle reproducible (None: fresh randomness).
@@ -278,7 +297,9 @@ class InMemoryDataset(DatasetBase):
         if self._loader is not None:
             raise ConfigError("a preload is already running; call wait_preload_done() first")
         threads = None if thread_num is None else _positive_int(thread_num, "thread_num")
-        self._loader = Loader(self._pass_config(threads)).start()
+        config = self._pass_config(threads)
+        self._loader = Loader(config).start()
+        self._loading_files = list(config.files)
 
     def wait_preload_done(self, timeout=DEFAULT_LOAD_TIMEOUT):
         """Blocks until the load started by preload_into_memory ends.
@@ -295,6 +316,7 @@ class InMemoryDataset(DatasetBase):
         loader, self._loader = self._loader, None
         self._block, self._load_report = loader.wait(timeout)
         self._block_slots = loader.slots
+        self._loaded_files = self._loading_files
         self._shuffled = 0
 
     def _loaded(self, what):
@@ -350,6 +372,15 @@ class InMemoryDataset(DatasetBase):
         """
         count = self._shuffled
         return count if fleet is None else sum_over_workers(count, fleet, "get_shuffle_data_size")
+
+    def _describe_empty_pass(self, report):
+        load = self._load_report or {}
+        what = _describe_files(self._loaded_files, load.get("lines", 0), load.get("bad_lines_skipped", 0),
+                               "load_into_memory read the dataset's")
+        if load.get("lines", 0) and not (load.get("bad_lines_skipped", 0) >= load.get("lines", 0)):
+            return "the InMemoryDataset holds 0 examples (global_shuffle gave this worker none, or " \
+                   "release_memory() was called)"
+        return f"the InMemoryDataset holds 0 examples: {what}"
 
     def _open_pass(self, consumers):
         """A pass over the examples in memory, in their current order; see QueueDataset."""

@@ -33,6 +33,7 @@ class Plan:
             method = opdef.backward if is_grad else opdef.forward
             self.steps.append((method, op, op.attr("op_role") == OPTIMIZE))
         self.grad_names = [op.input("Grad")[0] for _, op, opt in self.steps if opt and op.input("Grad")]
+        self.trains = any(opt for _, _, opt in self.steps)  # updates parameters (or sends updates)
 
 
 class Runner:

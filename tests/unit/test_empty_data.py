@@ -1,0 +1,172 @@
+"""A pass over no data is an error naming why, and a process that trained nothing does
+not save a model (issue: an empty data file trained nothing, exited 0 and saved a model).
+
+Paddle's train_from_dataset returns silently after a pass over no examples; fleet raises
+DataError instead (docs: README "Datasets with no data").
+"""
+import numpy as np
+import pytest
+
+import fleet
+import fleet.framework as fw
+from fleet import layers, optimizer
+from fleet.errors import ConfigError, DataError
+
+
+def _model():
+    fw.unique_name.reset()
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        x = layers.data("x", shape=[2])
+        y = layers.data("y", shape=[1], dtype="int64")
+        pred = layers.fc(x, 2, act="softmax")
+        loss = layers.mean(layers.cross_entropy(pred, y))
+        optimizer.SGD(0.1).minimize(loss)
+    return main, startup, [x, y], loss, pred
+
+
+def _dataset(inputs, files, kind="QueueDataset"):
+    ds = fleet.DatasetFactory().create_dataset(kind)
+    ds.set_use_var(inputs)
+    ds.set_batch_size(4)
+    ds.set_filelist(files)
+    return ds
+
+
+def _write(path, lines):
+    path.write_text("".join(f"2 0.5 {i % 3 * 0.1} 1 {i % 2}\n" for i in range(lines)))
+    return str(path)
+
+
+# ------------------------------------------------------------------ passes over no data
+pytestmark = pytest.mark.usefixtures("fresh_fleet")
+
+
+@pytest.fixture
+def model():
+    fleet.init(fleet_local())
+    main, startup, inputs, loss, pred = _model()
+    exe = fleet.Executor()
+    exe.run(startup)
+    return exe, main, inputs, pred
+
+
+def fleet_local():
+    from role_makers import LocalRoleMaker
+
+    return LocalRoleMaker()
+
+
+def test_an_empty_file_list_is_a_data_error_that_says_how_a_worker_gets_none(model):
+    exe, main, inputs, _ = model
+    with pytest.raises(DataError) as e:
+        exe.train_from_dataset(main, _dataset(inputs, []), print_period=0)
+    assert str(e.value) == (
+        "train_from_dataset ran a pass over 0 examples: the dataset's file list is empty (set_filelist([])); "
+        "give every worker at least one file (fleet.split_files(files) gives a worker none when there are "
+        "fewer files than workers). Nothing was trained, so the pass is an error rather than a model that "
+        "looks trained")
+
+
+def test_empty_files_are_a_data_error_naming_them(model, tmp_path):
+    exe, main, inputs, _ = model
+    files = [_write(tmp_path / "a.txt", 0), _write(tmp_path / "b.txt", 0)]
+    with pytest.raises(DataError) as e:
+        exe.train_from_dataset(main, _dataset(inputs, files), print_period=0)
+    assert str(e.value) == (
+        f"train_from_dataset ran a pass over 0 examples: the dataset's 2 files {files} held 0 lines; check the "
+        f"files (and the pipe command, if one is set). Nothing was trained, so the pass is an error rather "
+        f"than a model that looks trained")
+
+
+def test_files_whose_every_line_was_skipped_say_so(model, tmp_path):
+    exe, main, inputs, _ = model
+    bad = tmp_path / "bad.txt"
+    bad.write_text("not a line\nnor this\n")
+    ds = _dataset(inputs, [str(bad)])
+    ds.set_skip_bad_lines(True)
+    with pytest.raises(DataError, match=r"the dataset's 1 file \[.*bad.txt'\] held 2 lines, every one "
+                                        r"skipped as malformed \(set_skip_bad_lines\)"):
+        exe.train_from_dataset(main, ds, print_period=0)
+
+
+def test_an_in_memory_dataset_that_loaded_nothing_is_a_data_error(model, tmp_path):
+    exe, main, inputs, _ = model
+    empty = _write(tmp_path / "empty.txt", 0)
+    ds = _dataset(inputs, [empty], kind="InMemoryDataset")
+    ds.load_into_memory()
+    with pytest.raises(DataError) as e:
+        exe.train_from_dataset(main, ds, print_period=0)
+    assert str(e.value).startswith(
+        f"train_from_dataset ran a pass over 0 examples: the InMemoryDataset holds 0 examples: "
+        f"load_into_memory read the dataset's 1 file ['{empty}'] held 0 lines;")
+
+
+def test_infer_from_dataset_over_no_data_is_an_error_too(model):
+    exe, main, inputs, _ = model
+    with pytest.raises(DataError, match=r"^infer_from_dataset ran a pass over 0 examples: .* Nothing was "
+                                        r"predicted, so the pass is an error rather than a model that looks "
+                                        r"predicted$"):
+        exe.infer_from_dataset(main, _dataset(inputs, []), print_period=0)
+
+
+# ------------------------------------------------------------------ saves of untrained parameters
+UNTRAINED = ("fleet.{what}() refused: this process trained no example (no exe.run of a training program or "
+             "train_from_dataset pass ran one) and loaded no model, so the save would hold the initial "
+             "parameters as if they were a trained model. Check that this process got data; to save untrained "
+             "parameters on purpose, set FLEET_SAVE_UNTRAINED=1")
+
+
+def _feed(n=4):
+    return {"x": np.full((n, 2), 0.5, np.float32), "y": np.arange(n).reshape(n, 1) % 2}
+
+
+def test_a_save_after_training_on_nothing_is_refused_and_writes_nothing(model, tmp_path):
+    exe, main, inputs, pred = model
+    for batch in []:  # an exe.run loop over a reader that gave nothing
+        exe.run(main, feed=batch)
+    with pytest.raises(ConfigError) as e:
+        fleet.save_persistables(exe, str(tmp_path / "model"))
+    assert str(e.value) == UNTRAINED.format(what="save_persistables")
+    with pytest.raises(ConfigError) as e:
+        fleet.save_inference_model(exe, str(tmp_path / "infer"), ["x"], [pred], main_program=main)
+    assert str(e.value) == UNTRAINED.format(what="save_inference_model")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_run_of_the_forward_program_only_does_not_count_as_training(model, tmp_path):
+    exe, main, inputs, pred = model
+    exe.run(main.clone(for_test=True), feed=_feed(), fetch_list=[pred])
+    with pytest.raises(ConfigError, match="trained no example"):
+        fleet.save_persistables(exe, str(tmp_path / "model"))
+
+
+def test_one_trained_example_allows_the_save(model, tmp_path):
+    exe, main, inputs, pred = model
+    exe.run(main, feed=_feed(1))
+    assert fleet.save_persistables(exe, str(tmp_path / "model"))
+    assert fleet.save_inference_model(exe, str(tmp_path / "infer"), ["x"], [pred], main_program=main)
+
+
+def test_a_save_right_after_loading_a_model_is_allowed(model, tmp_path, monkeypatch):
+    exe, main, inputs, pred = model
+    monkeypatch.setenv("FLEET_SAVE_UNTRAINED", "1")
+    fleet.save_persistables(exe, str(tmp_path / "start"))
+    monkeypatch.delenv("FLEET_SAVE_UNTRAINED")
+    fw.global_scope().loaded_from = None
+    fleet.load_persistables(exe, str(tmp_path / "start"))
+    assert fleet.save_persistables(exe, str(tmp_path / "copy"))
+
+
+def test_an_inference_program_alone_saves_without_training(model, tmp_path):
+    exe, main, inputs, pred = model
+    assert fleet.save_inference_model(exe, str(tmp_path / "infer"), ["x"], [pred], main_program=main, program_only=True)
+
+
+def test_save_untrained_takes_only_0_or_1(model, tmp_path, monkeypatch):
+    exe, main, inputs, pred = model
+    monkeypatch.setenv("FLEET_SAVE_UNTRAINED", "yes")
+    with pytest.raises(ConfigError) as e:
+        fleet.save_persistables(exe, str(tmp_path / "model"))
+    assert str(e.value) == ("FLEET_SAVE_UNTRAINED='yes' must be 0 or 1 (1: allow saving parameters that nothing "
+                            "trained or loaded)")
