@@ -21,6 +21,7 @@ from fleet.framework.executor import Executor
 from fleet.framework.inference import inference_program, load_inference_model, save_inference_model
 from fleet.framework.program import Program, default_main_program, default_startup_program
 from fleet.framework.scope import global_scope
+from fleet.logs import install_default_handler
 from fleet.optimizer import Optimizer
 from role_makers import PaddleCloudRoleMaker, RoleMakerBase
 from strategies import (DistributeTranspilerConfig, check_strategy,
@@ -62,6 +63,7 @@ class Fleet:
             role_maker = PaddleCloudRoleMaker()
         if not isinstance(role_maker, RoleMakerBase):
             raise TypeError("role_maker must be an instance of RoleMakerBase")
+        install_default_handler()  # fleet's INFO messages reach stderr unless logging is configured
         role_maker.generate_role()
         self._role_maker = role_maker
         self._is_initialized = True

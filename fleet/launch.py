@@ -732,8 +732,8 @@ class _Job:
                 if servers_deadline is None:
                     servers_deadline = now + c.server_exit_timeout
                     servers_wait = WaitLog(
-                        f"{', '.join(ch.name for ch in servers)} to exit by themselves (every worker "
-                        "exited 0)", limit=f"terminating {'it' if len(servers) == 1 else 'them'} after "
+                        f"{', '.join(ch.name for ch in servers)} to exit by "
+                        f"{'itself' if len(servers) == 1 else 'themselves'} (every worker exited 0)", limit=f"terminating {'it' if len(servers) == 1 else 'them'} after "
                         f"--server_exit_timeout {c.server_exit_timeout:g} s", logger=_SAY_LOGGER)
                 elif now >= servers_deadline:
                     return self._on_servers_lingering(servers)
@@ -781,7 +781,8 @@ class _Job:
         _say(f"waiting up to {grace:g} s (--failure_grace) for {', '.join(ch.name for ch in running)} "
              f"to exit by themselves; Ctrl-C stops {'it' if len(running) == 1 else 'them'} now")
         deadline = first.exit_time + grace
-        wait = WaitLog(", ".join(ch.name for ch in running) + " to exit by themselves",
+        wait = WaitLog(", ".join(ch.name for ch in running)
+                       + (" to exit by itself" if len(running) == 1 else " to exit by themselves"),
                        limit=f"stopping them {grace:g} s after the failure (--failure_grace)",
                        logger=_SAY_LOGGER)
         while self._running() and time.monotonic() < deadline and not self.signals.received:

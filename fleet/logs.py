@@ -138,7 +138,7 @@ class WaitLog:
         text = f"waiting for {self.what}"
         if progress:
             text += f" ({progress})"
-        text += f" for {waited:.0f} s"
+        text += f" for {waited:.1f} s" if waited < 10 else f" for {waited:.0f} s"
         if self.limit:
             text += f"; {self.limit}"
         self.logger.info("%s", text)

@@ -423,7 +423,7 @@ def report_failure(clients, text, who):
     """Sends op ``fail`` with ``text`` to every client's server and waits (bounded) for
     the answers; logs instead of raising when a server cannot be told."""
     try:
-        request_all([(c, "fail", (), (), {"error": text}) for c in clients.values()],
+        request_all([(c, "fail", (), (), {"reason": text}) for c in clients.values()],
                     timeout_ms=REPORT_FAILURE_TIMEOUT_MS)
     except Exception as e:  # noqa: BLE001 - the original error is what the caller raises
         log.warning("fleet: %s could not tell every server of its error (%s); the others learn of it when "

@@ -400,11 +400,11 @@ class ParameterServer:
         self._maybe_release_barrier()
 
     def _op_fail(self, req):
-        """A worker reports that it cannot go on (meta ``error``: its exception); the job
+        """A worker reports that it cannot go on (meta ``reason``: its exception); the job
         fails at once instead of after FLEET_HEARTBEAT_TIMEOUT_MS, naming its error."""
-        error = req.meta.get("error")
+        error = req.meta.get("reason")
         if not isinstance(error, str) or not error:
-            raise DataError("fail needs meta 'error': the text of the worker's error")
+            raise DataError("fail needs meta 'reason': the text of the worker's error")
         self.fail_worker(req.worker, f"it failed with {error[:2000]}")
         req.reply()
 

@@ -38,7 +38,7 @@ def test_a_wait_is_logged_after_the_first_delay_then_each_time_it_doubled_at_mos
             clock.now += 0.5
     assert [t for t, _ in logged] == [5.0, 10.0, 20.0, 40.0, 70.0, 100.0, 130.0]
     assert logged[0][1] == ("waiting for servers 10.0.0.1:6170, 10.0.0.2:6170 (1 of 2 answered; not yet "
-                            "10.0.0.2:6170) for 5 s; giving up after 60 s (FLEET_CONNECT_TIMEOUT_MS)")
+                            "10.0.0.2:6170) for 5.0 s; giving up after 60 s (FLEET_CONNECT_TIMEOUT_MS)")
     assert [r.getMessage() for r in caplog.records] == [text for _, text in logged]
 
 
@@ -47,7 +47,7 @@ def test_next_due_says_when_a_blocked_waiter_should_wake_to_log():
     wait = WaitLog("x", first_s=5, clock=clock)
     assert wait.next_due_s() == 5.0
     clock.now += 6
-    assert wait.next_due_s() == 0.0 and wait.tick() == "waiting for x for 6 s"
+    assert wait.next_due_s() == 0.0 and wait.tick() == "waiting for x for 6.0 s"
     assert wait.next_due_s() == 6.0
 
 
