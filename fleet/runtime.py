@@ -469,9 +469,11 @@ class _ServerWatch:
         if ps.stopped and ps.failure is None:
             running = [w for w in range(ps.workers) if w not in ps.stopped and w not in ps.lost]
             if running:
-                if self.stop_wait is None:
+                if self.stop_wait is None or self.stop_wait.running != running:
                     self.stop_wait = WaitLog(f"{_workers(running)} to call fleet.stop_worker() "
-                                             f"({self.name} serves until every worker did)", logger=log)
+                                             f"({self.name} serves until every worker did)", logger=log,
+                                             started=ps.first_stop)
+                    self.stop_wait.running = running
                 self.stop_wait.tick(f"{len(ps.stopped)} of {ps.workers} stopped")
 
     def tick(self):

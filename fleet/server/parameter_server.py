@@ -111,6 +111,7 @@ class ParameterServer:
         self._cursors = {}  # (worker, table) -> ShardCursor of a table read out for saving
         self.loaded = {"dirname": None, "save_id": None, "step": None, "epoch": None}
         self.updates = 0  # pushes applied (sync steps count once per worker)
+        self.first_stop = None
         self._parked_since = {}  # "sync" / "barrier" / "exchange" -> when its first request was parked
 
     # ------------------------------------------------------------------ helpers
@@ -390,6 +391,8 @@ class ParameterServer:
                 reqs[j].reply(names=[f"from{w}" for w in order], arrays=blobs)
 
     def _op_stop(self, req):
+        if not self.stopped:
+            self.first_stop = time.monotonic()  # when the wait for the other workers' stop began
         self.stopped.add(req.worker)
         self._apply_pending()  # fewer workers now fill a window
         req.reply()
