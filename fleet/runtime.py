@@ -12,10 +12,13 @@ FLEET_HEARTBEAT_TIMEOUT_MS); ``run_server`` serves with the handler in a thread 
 own (heartbeats are answered even while a handler is busy) and fails workers whose
 heartbeats stop (``ParameterServer.check_liveness``).
 """
+import atexit
 import logging
+import sys
 import threading
 import time
 import uuid
+import weakref
 
 import numpy as np
 
@@ -48,6 +51,34 @@ def build_runtime(fleet, strategy, main, startup, optimizer):
 
 def _curve():
     return CurveConfig.from_env()
+
+
+_uncaught = {}  # the exception that ended the main thread ("error": its text), once there is one
+_previous_excepthook = None
+
+
+def _record_uncaught(kind, value, tb):
+    _uncaught["error"] = f"{kind.__name__}: {value}"
+    (_previous_excepthook or sys.__excepthook__)(kind, value, tb)
+
+
+def _report_at_exit(runtime):
+    """At interpreter exit, a worker that did not call stop_worker() tells the servers
+    why (the exception that ended the script, else that it ended without stop_worker), so
+    the job fails at once instead of after FLEET_HEARTBEAT_TIMEOUT_MS. A process killed by
+    a signal cannot do this; the heartbeats find it."""
+    global _previous_excepthook
+    if sys.excepthook is not _record_uncaught:
+        _previous_excepthook, sys.excepthook = sys.excepthook, _record_uncaught
+    ref = weakref.ref(runtime)
+
+    def report():
+        rt = ref()
+        if rt is not None and rt.started:
+            rt.comm.report_failure(_uncaught.get("error") or
+                                   "its script ended without calling fleet.stop_worker()")
+
+    atexit.register(report)
 
 
 class WorkerRuntime:
@@ -100,6 +131,7 @@ class WorkerRuntime:
             self.heartbeat.stop()
             raise
         self.started = True
+        _report_at_exit(self)
 
     def stop_worker(self):
         """Sends what is queued, tells the servers this worker is done and stops the

@@ -61,6 +61,7 @@ class Communicator(TrainingHooks):
         self.dense = [p for p in plan.params.values() if p.kind == DENSE]
         self.prefetch_inputs = {}
         self.who = f"worker {self.worker_id} of {plan.worker_num}"
+        self.failure_reported = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
@@ -411,9 +412,16 @@ class Communicator(TrainingHooks):
         hear it within a heartbeat) instead of after FLEET_HEARTBEAT_TIMEOUT_MS. Waits up
         to REPORT_FAILURE_TIMEOUT_MS for the answers; never raises (a server it cannot
         reach learns of the failure from the heartbeats)."""
-        if not self.running:
+        self.report_failure(f"{type(error).__name__}: {error}")
+
+    def report_failure(self, text):
+        """Tells every server that this worker cannot go on, because of ``text``; once per
+        worker, and not when the job already failed (the servers know). Bounded; never
+        raises (see ``pass_failed``)."""
+        if not self.running or self.failure_reported or getattr(self.liveness, "error", None) is not None:
             return
-        report_failure(self.clients, f"{type(error).__name__}: {error}", self.who)
+        self.failure_reported = True
+        report_failure(self.clients, text, self.who)
 
 
 REPORT_FAILURE_TIMEOUT_MS = 5000

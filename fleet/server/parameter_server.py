@@ -408,7 +408,7 @@ class ParameterServer:
         error = req.meta.get("reason")
         if not isinstance(error, str) or not error:
             raise DataError("fail needs meta 'reason': the text of the worker's error")
-        self.fail_worker(req.worker, f"it failed with {error[:2000]}")
+        self.fail_worker(req.worker, f"it failed: {error[:2000]}")
         req.reply()
 
     def fail_worker(self, worker, reason):

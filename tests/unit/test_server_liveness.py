@@ -193,7 +193,7 @@ def test_a_worker_reporting_its_error_fails_the_job_at_once_naming_it_and_its_er
     parked = sync_step(ps, 0, 1.0)
     report = handle(ps, "fail", 1, meta={"reason": "DataError: worker 1 of 2: no examples"})
     assert report.answer == ("ok", [], [])
-    failure = ("worker 1 was lost: it failed with DataError: worker 1 of 2: no examples. The job cannot go on "
+    failure = ("worker 1 was lost: it failed: DataError: worker 1 of 2: no examples. The job cannot go on "
                "without its share of the data (fleet has no elastic training), so every worker stops; restart "
                "the job from its last checkpoint")
     assert parked.answer == ("error", failure)

@@ -1,11 +1,14 @@
 """A small CTR-like model trained with train_from_dataset under fleetrun, for the tests of
 jobs whose workers get no data.
 
-Usage: data_model.py MODE OUT_DIR FILES
+Usage: data_model.py MODE OUT_DIR FILES [--worker1-raise | --worker1-exit]
 
 FILES is a comma-separated list of MultiSlot files (empty: none); every worker takes
 fleet.split_files(FILES). Each process writes OUT_DIR/<tag>.pid; the first worker saves
 the model to OUT_DIR/model after its pass.
+
+  --worker1-raise  worker 1 raises RuntimeError after init_worker (outside any pass)
+  --worker1-exit   worker 1 ends its script after init_worker without stop_worker()
 """
 import os
 import sys
@@ -16,6 +19,7 @@ from role_makers import PaddleCloudRoleMaker
 from strategies import DistributedStrategyFactory
 
 mode, out_dir, files = sys.argv[1], sys.argv[2], [f for f in sys.argv[3].split(",") if f]
+options = sys.argv[4:]
 
 fleet.init(PaddleCloudRoleMaker())
 tag = f"server{fleet.server_index()}" if fleet.is_server() else f"worker{fleet.worker_index()}"
@@ -37,6 +41,10 @@ if fleet.is_server():
     fleet.run_server()
 else:
     fleet.init_worker()
+    if fleet.worker_index() == 1 and "--worker1-raise" in options:
+        raise RuntimeError("worker 1 broke outside train_from_dataset")
+    if fleet.worker_index() == 1 and "--worker1-exit" in options:
+        sys.exit(0)
     exe = fleet.Executor()
     exe.run(fleet.startup_program)
     dataset = fleet.DatasetFactory().create_dataset("QueueDataset")
