@@ -29,7 +29,7 @@ import threading
 import time
 
 from fleet.errors import ConfigError, FleetError
-from fleet.logs import WaitLog
+from fleet.logs import WaitLog, wait_log_ms
 
 EXIT_OK = 0
 EXIT_PROCESS_FAILED = 1
@@ -435,6 +435,7 @@ def _say(message):
 
 
 def _check_ready(config):
+    wait_log_ms()  # a malformed FLEET_WAIT_LOG_MS is a usage error now, not a crash mid-job
     if not os.path.isfile(config.training_script):
         raise ConfigError(f"training script {config.training_script!r} is not a file (looked "
                           f"from {os.getcwd()}); give the path of the Python script to run")

@@ -166,8 +166,11 @@ class DatasetBase:
 
     def _describe_empty_pass(self, report):
         """Why a pass over this dataset ran no example, for the trainer's DataError."""
-        return _describe_files(self._filelist or [], report.get("lines", 0), report.get("bad_lines_skipped", 0),
-                               "the dataset's")
+        files = self._filelist or []
+        if not files:
+            return f"the dataset's file list is empty (set_filelist([])); {_SPLIT_HINT}"
+        lines = _lines_phrase(report.get("lines", 0), report.get("bad_lines_skipped", 0))
+        return f"the dataset's {_files_phrase(files)} held {lines}; {_CHECK_HINT}"
 
     def _pass_config(self, threads=None):
         """Checks the settings and freezes them for one pass or load."""
@@ -187,17 +190,23 @@ class DatasetBase:
                           threads or self.thread_num)
 
 
-def _describe_files(files, lines, skipped, whose):
-    """"the dataset's file list is empty ..." / "the dataset's 2 files [...] held 0 lines"."""
-    if not files:
-        return (f"{whose} file list is empty (set_filelist([])); give every worker at least one file "
-                f"(fleet.split_files(files) gives a worker none when there are fewer files than workers)")
+_SPLIT_HINT = ("give every worker at least one file (fleet.split_files(files) gives a worker none when there "
+               "are fewer files than workers)")
+_CHECK_HINT = "check the files (and the pipe command, if one is set)"
+
+
+def _files_phrase(files):
+    """'2 files ['a', 'b']' (at most 3 names shown)."""
     shown = files if len(files) <= 3 else files[:3] + [f"... {len(files) - 3} more"]
-    held = f"held {lines} line{'' if lines == 1 else 's'}"
+    return f"{len(files)} file{'' if len(files) == 1 else 's'} {shown}"
+
+
+def _lines_phrase(lines, skipped):
+    """'0 lines' / '2 lines, every one skipped as malformed (set_skip_bad_lines)'."""
+    text = f"{lines} line{'' if lines == 1 else 's'}"
     if lines and skipped >= lines:
-        held += ", every one skipped as malformed (set_skip_bad_lines)"
-    return (f"{whose} {len(files)} file{'' if len(files) == 1 else 's'} {shown} {held}; check the files "
-            f"(and the pipe command, if one is set)")
+        text += ", every one skipped as malformed (set_skip_bad_lines)"
+    return text
 
 
 def _iterate(dataset, timeout):
@@ -375,12 +384,15 @@ class InMemoryDataset(DatasetBase):
 
     def _describe_empty_pass(self, report):
         load = self._load_report or {}
-        what = _describe_files(self._loaded_files, load.get("lines", 0), load.get("bad_lines_skipped", 0),
-                               "load_into_memory read the dataset's")
-        if load.get("lines", 0) and not (load.get("bad_lines_skipped", 0) >= load.get("lines", 0)):
-            return "the InMemoryDataset holds 0 examples (global_shuffle gave this worker none, or " \
-                   "release_memory() was called)"
-        return f"the InMemoryDataset holds 0 examples: {what}"
+        lines, skipped = load.get("lines", 0), load.get("bad_lines_skipped", 0)
+        if not self._loaded_files:
+            return (f"the InMemoryDataset holds 0 examples: its file list was empty when it was loaded "
+                    f"(set_filelist([])); {_SPLIT_HINT}")
+        if lines and skipped < lines:
+            return ("the InMemoryDataset holds 0 examples although its load read some (global_shuffle gave "
+                    "this worker none, or release_memory() was called)")
+        return (f"the InMemoryDataset holds 0 examples: load_into_memory read {_files_phrase(self._loaded_files)}, "
+                f"which held {_lines_phrase(lines, skipped)}; {_CHECK_HINT}")
 
     def _open_pass(self, consumers):
         """A pass over the examples in memory, in their current order; see QueueDataset."""

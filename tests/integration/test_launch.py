@@ -439,6 +439,19 @@ def test_a_missing_training_script_is_an_error_naming_it(tmp_path, monkeypatch, 
             f"{tmp_path}); give the path of the Python script to run") in capsys.readouterr().err
 
 
+def test_a_malformed_wait_log_setting_is_a_usage_error_before_anything_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLEET_WAIT_LOG_MS", "-5")
+    (tmp_path / "train.py").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--server_num", "1", "--worker_num", "1", "train.py"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "fleetrun: error: FLEET_WAIT_LOG_MS='-5' is not an integer >= 0 (milliseconds a wait lasts before it is "
+        "logged; 0: never); unset it to use 5000\n")
+    assert not (tmp_path / "log").exists()
+
+
 def _config(*argv):
     return config_from_args(build_parser().parse_args([*argv, "train.py"]))
 

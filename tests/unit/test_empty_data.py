@@ -97,9 +97,37 @@ def test_an_in_memory_dataset_that_loaded_nothing_is_a_data_error(model, tmp_pat
     ds.load_into_memory()
     with pytest.raises(DataError) as e:
         exe.train_from_dataset(main, ds, print_period=0)
-    assert str(e.value).startswith(
-        f"train_from_dataset ran a pass over 0 examples: the InMemoryDataset holds 0 examples: "
-        f"load_into_memory read the dataset's 1 file ['{empty}'] held 0 lines;")
+    assert str(e.value) == (
+        f"train_from_dataset ran a pass over 0 examples: the InMemoryDataset holds 0 examples: load_into_memory "
+        f"read 1 file ['{empty}'], which held 0 lines; check the files (and the pipe command, if one is set). "
+        f"Nothing was trained, so the pass is an error rather than a model that looks trained")
+
+
+def test_an_in_memory_dataset_loaded_from_an_empty_file_list_says_how_a_worker_gets_none(model):
+    exe, main, inputs, _ = model
+    ds = _dataset(inputs, [], kind="InMemoryDataset")
+    ds.load_into_memory()
+    with pytest.raises(DataError) as e:
+        exe.train_from_dataset(main, ds, print_period=0)
+    assert str(e.value) == (
+        "train_from_dataset ran a pass over 0 examples: the InMemoryDataset holds 0 examples: its file list was "
+        "empty when it was loaded (set_filelist([])); give every worker at least one file (fleet.split_files(files) "
+        "gives a worker none when there are fewer files than workers). Nothing was trained, so the pass is an "
+        "error rather than a model that looks trained")
+
+
+def test_split_files_gives_a_worker_no_file_when_there_are_fewer_files_than_workers(model):
+    from role_makers import Role, RoleMakerBase
+
+    class Worker2Of3(RoleMakerBase):
+        def generate_role(self):
+            self._role, self._current_id, self._worker_num = Role.WORKER, 2, 3
+            self._server_endpoints = []
+            self._role_is_generated = True
+            self._is_local = True
+
+    fleet.init(Worker2Of3())
+    assert fleet.split_files(["a", "b"]) == []  # Paddle's split, unchanged: the pass reports it
 
 
 def test_infer_from_dataset_over_no_data_is_an_error_too(model):
