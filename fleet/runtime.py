@@ -117,6 +117,8 @@ class WorkerRuntime:
             log.warning("fleet: init_worker() was called twice; the communicator is already running")
             return
         wait_for_servers(self.plan.server_endpoints, worker_id=self.worker_id, curve=_curve())
+        log.info("fleet: %s connected to %s (%s)", self.comm.who, ", ".join(self.plan.server_endpoints),
+                 self.plan.mode)
         self.heartbeat.start()
         try:
             self.comm.start()

@@ -198,3 +198,50 @@ def test_save_untrained_takes_only_0_or_1(model, tmp_path, monkeypatch):
         fleet.save_persistables(exe, str(tmp_path / "model"))
     assert str(e.value) == ("FLEET_SAVE_UNTRAINED='yes' must be 0 or 1 (1: allow saving parameters that nothing "
                             "trained or loaded)")
+
+
+# ------------------------------------------------------------------ telling the job
+def _recording_hooks():
+    from fleet.framework.hooks import TrainingHooks
+
+    class Recording(TrainingHooks):
+        who = "worker 1 of 2"
+
+        def __init__(self):
+            self.failures = []
+
+        def pass_failed(self, error):
+            self.failures.append(error)
+
+    return Recording()
+
+
+def test_a_pass_over_no_data_names_the_worker_and_is_reported_to_the_hooks(model):
+    exe, main, inputs, _ = model
+    main.training_hooks = hooks = _recording_hooks()
+    with pytest.raises(DataError) as e:
+        exe.train_from_dataset(main, _dataset(inputs, []), print_period=0)
+    assert str(e.value).startswith("worker 1 of 2: train_from_dataset ran a pass over 0 examples: ")
+    assert hooks.failures == [e.value]
+
+
+def test_a_bad_line_is_reported_to_the_hooks_but_a_failure_of_the_job_is_not(model, tmp_path):
+    from fleet.errors import ServerError
+
+    exe, main, inputs, _ = model
+    main.training_hooks = hooks = _recording_hooks()
+    bad = tmp_path / "bad.txt"
+    bad.write_text("not a line\n")
+    with pytest.raises(DataError, match="line 1") as e:
+        exe.train_from_dataset(main, _dataset(inputs, [str(bad)]), print_period=0)
+    assert hooks.failures == [e.value]
+
+    def told(feed):
+        raise ServerError("127.0.0.1:6170", "worker 0 was lost: ...")
+
+    hooks.failures.clear()
+    hooks.prefetch_ahead = True
+    hooks.prepare_batch = told
+    with pytest.raises(ServerError):
+        exe.train_from_dataset(main, _dataset(inputs, [_write(tmp_path / "ok.txt", 12)]), print_period=0)
+    assert hooks.failures == []
