@@ -296,7 +296,7 @@ class Fleet:
             return
         job = ""
         if self._runtime is not None and hasattr(self._runtime, "job_progress"):
-            updates, loaded = self._runtime.job_progress()
+            updates, loaded = self._runtime.job_progress(what)
             if updates or loaded:
                 return
             job = (f"worker {self.worker_index()} of {self.worker_num()}: ", ", the servers applied no update "

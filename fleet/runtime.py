@@ -251,14 +251,14 @@ class WorkerRuntime:
                 writer.add(name, np.asarray(value))
         return writer.dirname
 
-    def job_progress(self):
+    def job_progress(self, what="save_persistables"):
         """(updates, loaded): the pushes the servers applied since they started, from any
         worker, and whether any server loaded a checkpoint. Blocks for one round trip.
 
         Raises:
-            ConfigError: init_worker() was not called.
+            ConfigError: init_worker() was not called (``what`` names the call).
         """
-        self._need_started("saving")
+        self._need_started(what)
         infos = self.comm.checkpoint_info()
         return (sum(int(i.get("updates") or 0) for i in infos.values()),
                 any(i.get("dirname") for i in infos.values()))

@@ -245,3 +245,55 @@ def test_a_bad_line_is_reported_to_the_hooks_but_a_failure_of_the_job_is_not(mod
     with pytest.raises(ServerError):
         exe.train_from_dataset(main, _dataset(inputs, [_write(tmp_path / "ok.txt", 12)]), print_period=0)
     assert hooks.failures == []
+
+
+# ------------------------------------------------------------------ saves on a distributed worker
+class FakeRuntime:
+    """What Fleet._check_trained asks a worker's runtime: the servers' progress."""
+
+    def __init__(self, updates, loaded):
+        self.progress = (updates, loaded)
+
+    def job_progress(self, what):
+        return self.progress
+
+
+@pytest.mark.parametrize("updates, loaded, refused", [(0, False, True), (5, False, False), (0, True, False)])
+def test_a_worker_that_trained_nothing_saves_only_what_the_servers_trained_or_loaded(
+        model, tmp_path, updates, loaded, refused):
+    from role_makers import Role, RoleMakerBase
+
+    class Worker0Of2(RoleMakerBase):
+        def generate_role(self):
+            self._role, self._current_id, self._worker_num = Role.WORKER, 0, 2
+            self._server_endpoints = ["127.0.0.1:6170"]
+            self._role_is_generated = True
+
+    fleet.init(Worker0Of2())
+    fleet.base.fleet._runtime = FakeRuntime(updates, loaded)
+    if not refused:
+        fleet.base.fleet._check_trained("save_persistables")
+        return
+    with pytest.raises(ConfigError) as e:
+        fleet.base.fleet._check_trained("save_persistables")
+    assert str(e.value) == (
+        "worker 0 of 2: fleet.save_persistables() refused: this process trained no example (no exe.run of a "
+        "training program or train_from_dataset pass ran one) and loaded no model, the servers applied no update "
+        "from any worker and loaded no checkpoint (fleet.init_server(dirname)), so the save would hold the initial "
+        "parameters as if they were a trained model. Check that this process got data; to save untrained "
+        "parameters on purpose, set FLEET_SAVE_UNTRAINED=1")
+
+
+def test_job_progress_counts_the_servers_updates_and_loads():
+    from types import SimpleNamespace
+
+    from fake_cluster import Cluster
+    from fleet.runtime import WorkerRuntime
+    from strategies import DistributedStrategyFactory
+
+    main, startup, inputs, loss, pred = _model()
+    cluster = Cluster(main, startup, DistributedStrategyFactory.create_async_strategy(), 2)
+    runtime = SimpleNamespace(comm=cluster.comm, _need_started=lambda what: None)
+    assert WorkerRuntime.job_progress(runtime) == (0, False)
+    cluster.push({"fc_0.w_0@GRAD": np.ones((2, 2), np.float32)})
+    assert WorkerRuntime.job_progress(runtime) == (1, False)  # one push, to the server holding the block
