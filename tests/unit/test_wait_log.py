@@ -103,3 +103,29 @@ def test_the_default_handler_writes_fleet_info_to_stderr_unless_the_application_
     monkeypatch.setattr(root, "handlers", [logging.NullHandler()])  # the application's own
     logging.getLogger("fleet.server").info("not twice")
     assert capsys.readouterr().err == ""
+
+
+def test_a_training_thread_waiting_for_a_slow_pipe_command_says_which_file_it_waits_for(
+        monkeypatch, caplog, tmp_path):
+    import fleet
+    import fleet.framework as fw
+    from fleet import layers
+
+    monkeypatch.setenv("FLEET_WAIT_LOG_MS", "100")
+    data = tmp_path / "part-0"
+    data.write_text("1 0.5 1 1\n")
+    with fw.program_guard(fw.Program(), fw.Program()):
+        x = layers.data("x", shape=[1])
+        y = layers.data("y", shape=[1], dtype="int64")
+    ds = fleet.DatasetFactory().create_dataset("QueueDataset")
+    ds.set_use_var([x, y])
+    ds.set_filelist([str(data)])
+    ds.set_pipe_command("sleep 0.6; cat")
+    with caplog.at_level(logging.INFO, logger="fleet"):
+        batches = list(ds.batches(timeout=30))
+    assert len(batches) == 1
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
+    assert waits, caplog.text
+    assert waits[0].startswith(f"waiting for the dataset's next batch (producers: fleet-reader-0 reading "
+                               f"{str(data)!r} (0 lines read)) for ")
+    assert waits[0].endswith(" s; giving up after 30 s")
