@@ -495,8 +495,9 @@ class _ServerWatch:
         current = {}
         for what, since, arrived, missing in ps.waits():
             wait = self.waits.get(what)
-            if wait is None or wait.started != since:
+            if wait is None or wait.started != since or wait.missing != missing:
                 wait = WaitLog(f"{_workers(missing)} at {what} on {self.name}", logger=log, started=since)
+                wait.missing = missing
             current[what] = wait
             wait.tick(f"{len(arrived)} of {len(arrived) + len(missing)} arrived")
         self.waits = current
