@@ -23,7 +23,7 @@ import weakref
 import numpy as np
 
 from fleet.communicator import make_communicator
-from fleet.errors import ConfigError, FleetTimeoutError
+from fleet.errors import ConfigError, FleetTimeoutError, ServerError, TransportError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
 from fleet.framework.inference import file_names, manifest_extra, persistable_names, use_saved_tables
@@ -58,7 +58,10 @@ _previous_excepthook = None
 
 
 def _record_uncaught(kind, value, tb):
-    _uncaught["error"] = f"{kind.__name__}: {value}"
+    if not isinstance(value, (TransportError, ServerError)):  # those are the job's failure, told to us
+        _uncaught["error"] = f"{kind.__name__}: {value}"
+    else:
+        _uncaught["told"] = True
     (_previous_excepthook or sys.__excepthook__)(kind, value, tb)
 
 
@@ -74,7 +77,7 @@ def _report_at_exit(runtime):
 
     def report():
         rt = ref()
-        if rt is not None and rt.started:
+        if rt is not None and rt.started and not _uncaught.get("told"):
             rt.comm.report_failure(_uncaught.get("error") or
                                    "its script ended without calling fleet.stop_worker()")
 

@@ -35,6 +35,7 @@ def test_a_sync_worker_split_no_files_fails_naming_itself_and_the_job_stops_with
     server = (tmp_path / "log" / "serverlog.0").read_text()
     assert re.search(r"server 0 listening on 127\.0\.0\.1:\d+; expecting 2 workers \(sync\)", server), server
     assert "worker 1 was lost: it failed: DataError: worker 1 of 2:" in server
+    assert "worker 0 was lost" not in server  # worker 0 was told of the failure; it does not report one
     assert not (out / "model").exists()
     pid = int((out / "worker1.pid").read_text())
     assert f"the root cause: worker 1 (pid {pid}) exited with code 1, the first process to fail" in r.stderr
