@@ -100,6 +100,8 @@ how a job ends:
   Last, fleetrun prints how every process ended, one line each: role, index, pid (and
   endpoint for a server), then "exited 0", "exited with code N", "was killed by SIGNAL"
   or "stopped by fleetrun (SIGTERM) after <why>", with the error its log ends with.
+  A wait of fleetrun's own (servers lingering, the others after a failure) that lasts
+  FLEET_WAIT_LOG_MS (default 5000 ms) says what it waits for, then again as it doubles.
 
 exit codes:
   0              every worker exited 0
