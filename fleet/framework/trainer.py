@@ -165,7 +165,7 @@ class DatasetTrainer:
             print(line, flush=True)
 
     def _empty_pass_error(self, report):
-        """The DataError of a pass that ran no example (Paddle returns silently)."""
+        """The DataError of a pass that ran no example (Paddle 1.x returns without one)."""
         describe = getattr(self.dataset, "_describe_empty_pass", None)
         reason = describe(report) if describe is not None else "the dataset gave no batch"
         who = self.hooks.who

@@ -1,8 +1,8 @@
 """A pass over no data is an error naming why, and a process that trained nothing does
 not save a model (issue: an empty data file trained nothing, exited 0 and saved a model).
 
-Paddle's train_from_dataset returns silently after a pass over no examples; fleet raises
-DataError instead (docs: README "Datasets with no data").
+Paddle 1.x's train_from_dataset returns without an error after a pass over files that hold
+no example; fleet raises DataError instead (README, "No data is an error").
 """
 import numpy as np
 import pytest
@@ -11,6 +11,9 @@ import fleet
 import fleet.framework as fw
 from fleet import layers, optimizer
 from fleet.errors import ConfigError, DataError
+from role_makers import LocalRoleMaker
+
+pytestmark = pytest.mark.usefixtures("fresh_fleet")
 
 
 def _model():
@@ -38,23 +41,17 @@ def _write(path, lines):
     return str(path)
 
 
-# ------------------------------------------------------------------ passes over no data
-pytestmark = pytest.mark.usefixtures("fresh_fleet")
-
-
 @pytest.fixture
 def model():
-    fleet.init(fleet_local())
+    """A local fleet with a fresh model: (exe, main, inputs, pred)."""
+    fleet.init(LocalRoleMaker())
     main, startup, inputs, loss, pred = _model()
     exe = fleet.Executor()
     exe.run(startup)
     return exe, main, inputs, pred
 
 
-def fleet_local():
-    from role_makers import LocalRoleMaker
-
-    return LocalRoleMaker()
+# ------------------------------------------------------------------ passes over no data
 
 
 def test_an_empty_file_list_is_a_data_error_that_says_how_a_worker_gets_none(model):
