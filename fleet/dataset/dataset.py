@@ -390,7 +390,7 @@ class InMemoryDataset(DatasetBase):
                     f"(set_filelist([])); {_SPLIT_HINT}")
         if lines and skipped < lines:
             return ("the InMemoryDataset holds 0 examples although its load read some (global_shuffle gave "
-                    "this worker none, or release_memory() was called)")
+                    "this worker none of them)")
         return (f"the InMemoryDataset holds 0 examples: load_into_memory read {_files_phrase(self._loaded_files)}, "
                 f"which held {_lines_phrase(lines, skipped)}; {_CHECK_HINT}")
 

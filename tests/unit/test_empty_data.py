@@ -294,3 +294,31 @@ def test_job_progress_counts_the_servers_updates_and_loads():
     assert WorkerRuntime.job_progress(runtime) == (0, False)
     cluster.push({"fc_0.w_0@GRAD": np.ones((2, 2), np.float32)})
     assert WorkerRuntime.job_progress(runtime) == (1, False)  # one push, to the server holding the block
+
+
+def test_a_global_shuffle_that_left_this_worker_nothing_says_so(model, tmp_path):
+    exe, main, inputs, _ = model
+    ds = _dataset(inputs, [_write(tmp_path / "part", 8)], kind="InMemoryDataset")
+    ds.load_into_memory()
+    nothing = ds._block.slice(0, 0).to_bytes()
+
+    class GetsNothing:
+        """Worker 1 of 2 in an exchange that sent every example to worker 0."""
+
+        def worker_num(self):
+            return 2
+
+        def worker_index(self):
+            return 1
+
+        def _all_to_all(self, blobs):
+            return [nothing, nothing]
+
+    ds.global_shuffle(GetsNothing())
+    assert ds.get_memory_data_size() == 0
+    with pytest.raises(DataError) as e:
+        exe.train_from_dataset(main, ds, print_period=0)
+    assert str(e.value) == (
+        "train_from_dataset ran a pass over 0 examples: the InMemoryDataset holds 0 examples although its load "
+        "read some (global_shuffle gave this worker none of them). Nothing was trained, so the pass is an error "
+        "rather than a model that looks trained")
