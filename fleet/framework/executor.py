@@ -26,6 +26,17 @@ from fleet.framework.trainer import DatasetTrainer
 
 log = logging.getLogger("fleet")
 
+def _examples_in(feed):
+    """The batch size of a feed: the rows of its first input (sequences: their count)."""
+    for value in feed.values():
+        if isinstance(value, LoDTensor):
+            return value.batch_size
+        if isinstance(value, tuple) and len(value) == 2:  # (values, lengths)
+            return len(value[1])
+        return len(value) if hasattr(value, "__len__") else 1
+    return 0
+
+
 class Executor:
     """Runs programs (Paddle's ``fluid.Executor``; the place argument is accepted and ignored:
     fleet runs on CPUs)."""
@@ -114,6 +125,8 @@ class Executor:
             if feed:
                 self._feed(program, runner.plan, feed, local)
             runner.run()
+            if runner.plan.trains and feed:
+                scope.record_training(_examples_in(feed))
             return self._fetch(runner, fetch_list, return_numpy)
         finally:
             for name in feed or ():  # a later run must not see this run's inputs
@@ -225,7 +238,7 @@ class Executor:
         scope = global_scope() if scope is None else scope
         self._note_closing(program)
         trainer = DatasetTrainer(self._plan(program), program, dataset, scope, thread, fetch_list,
-                                 fetch_info, print_period, fetch_handler, debug, executor=self)
+                                 fetch_info, print_period, fetch_handler, debug, executor=self, train=train)
         trainer.checkpoint = checkpoint
         summary = trainer.run()
         if checkpoint is not None:

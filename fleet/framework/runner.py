@@ -35,6 +35,7 @@ class Plan:
         # Every gradient an optimizer-role op reads: one per optimizer op locally, all of
         # them for a distributed worker's single send op.
         self.grad_names = list(dict.fromkeys(n for _, op, opt in self.steps if opt for n in op.input("Grad")))
+        self.trains = any(opt for _, _, opt in self.steps)  # updates parameters (or sends updates)
 
 
 class Runner:

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, DataError, ServerError, TransportError
 from fleet.framework.hooks import TrainingHooks
 from fleet.framework.runner import Runner, batch_size as _batch_size, combine_step, feed_value, split_batch
 from strategies.execution import ReduceStrategy
@@ -62,8 +62,9 @@ class DatasetTrainer:
     """Runs one pass of a program over a dataset with N threads (Hogwild or Reduce)."""
 
     def __init__(self, plan, program, dataset, scope, threads, fetch_list, fetch_info,
-                 print_period, fetch_handler, debug, executor=None):
+                 print_period, fetch_handler, debug, executor=None, train=True):
         self.executor = executor
+        self.train = train
         self.program = program
         self.dataset = dataset
         self.scope = scope
@@ -109,6 +110,8 @@ class DatasetTrainer:
             self._batches += 1
             self._examples += examples
             batches = self._batches
+        if self.train and self.plan.trains:  # before a checkpoint of this step is due
+            self.scope.record_training(examples)
         if self._bar is not None:
             self._bar.update(examples)
         if self.checkpoint is not None:
@@ -128,6 +131,17 @@ class DatasetTrainer:
             self._bar.write(line)
         else:
             print(line, flush=True)
+
+    def _empty_pass_error(self, report):
+        """The DataError of a pass that ran no example (Paddle 1.x returns without one)."""
+        describe = getattr(self.dataset, "_describe_empty_pass", None)
+        reason = describe(report) if describe is not None else "the dataset gave no batch"
+        who = self.hooks.who
+        trained = "trained" if self.train else "predicted"
+        return DataError(
+            f"{who + ': ' if who else ''}{'train' if self.train else 'infer'}_from_dataset ran a pass over 0 "
+            f"examples: {reason}. Nothing was {trained}, so the pass is an error rather than a model "
+            f"that looks {trained}")
 
     # ---------------------------------------------------------------- loops
     def _next(self, source):
@@ -281,7 +295,15 @@ class DatasetTrainer:
                 self._bar.close()
             self.hooks.end_pass()
         if self._errors:
-            raise self._errors[0]
+            error = self._errors[0]
+            if not isinstance(error, (TransportError, ServerError)):  # not the job's failure told to us
+                self.hooks.pass_failed(error)
+            raise error
+        report = dict(source.report()) if hasattr(source, "report") else {}
+        if self._examples == 0:
+            error = self._empty_pass_error(report)
+            self.hooks.pass_failed(error)
+            raise error
         elapsed = time.perf_counter() - self._t0
         runner = getattr(self, "_runner0", None)
         if runner is not None and self.fetch_names:  # the values after the last batch
@@ -289,7 +311,6 @@ class DatasetTrainer:
                 value = runner.value(name)
                 if value is not None:
                     self._last_fetch[label] = np.array(getattr(value, "values", value))
-        report = dict(source.report()) if hasattr(source, "report") else {}
         skipped = int(report.get("bad_lines_skipped", 0))
         summary = {
             "examples": self._examples,
