@@ -150,6 +150,8 @@ class CompiledProgram:
                 sizes = self._compute(active, parts)
                 lead = combine_step(active, sizes, plan.grad_names, split=True)
                 lead.run(compute=False)
+                if plan.trains and any(parts):
+                    scope.record_training(sum(sizes))
                 return self._fetch(active, fetch_list, return_numpy, return_merged)
             finally:
                 for r in active:

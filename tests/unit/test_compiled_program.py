@@ -228,3 +228,21 @@ def test_a_half_async_worker_step_split_across_replicas_equals_local_training(mo
     np.testing.assert_allclose(table, local["embedding.w_0"], rtol=1e-5, atol=1e-7)
     for name in ("fc_0.w_0", "fc_0.b_0", "fc_1.w_0", "fc_1.b_0"):
         np.testing.assert_allclose(scope[name], local[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_a_data_parallel_step_counts_its_examples_as_trained(monkeypatch):
+    """fleet's saves refuse parameters nothing trained; a CompiledProgram step trains."""
+    monkeypatch.setenv("CPU_NUM", "2")
+    main, startup, loss = _program("sgd", False)
+    scope = fw.Scope()
+    exe = fluid.Executor()
+    exe.run(startup, scope=scope)
+    compiled = fluid.CompiledProgram(main).with_data_parallel(loss.name)
+    assert scope.trained_examples == 0
+    exe.run(compiled, feed=_batches(1, 9)[0], scope=scope)
+    assert scope.trained_examples == 9
+    test = fluid.CompiledProgram(main.clone(for_test=True)).with_data_parallel(loss.name)
+    exe.run(test, feed=_batches(1, 5)[0], scope=scope)
+    assert scope.trained_examples == 9  # a forward-only program trains nothing
+    compiled.close()
+    test.close()
