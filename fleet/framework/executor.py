@@ -17,6 +17,7 @@ import threading
 import numpy as np
 
 from fleet.errors import ConfigError, DataError
+from fleet.framework.hooks import program_to_run
 from fleet.framework.program import Program, Variable, default_main_program
 from fleet.framework.runner import Plan, Runner, feed_value
 from fleet.framework.scope import global_scope
@@ -86,6 +87,7 @@ class Executor:
         program = default_main_program() if program is None else program
         if not isinstance(program, Program):
             raise TypeError(f"program must be a fleet.Program, got {type(program).__name__}")
+        program = program_to_run(program)
         scope = global_scope() if scope is None else scope
         runner = self._runner(program, scope)
         local = runner.local
@@ -187,6 +189,7 @@ class Executor:
             raise TypeError(f"program must be a fleet.Program, got {type(program).__name__}")
         if not train:
             program = program.clone(for_test=True)
+        program = program_to_run(program)
         thread = int(thread) if thread else int(getattr(dataset, "thread_num", 0) or 0)
         if thread <= 0:
             raise RuntimeError(

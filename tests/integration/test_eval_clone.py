@@ -1,0 +1,28 @@
+"""The evaluation idiom of Paddle 1.x scripts on a distributed worker: a test program
+cloned with clone(for_test=True) before minimize evaluates with the servers' current
+parameters (dense, is_sparse and is_distributed), as the saved inference model and a test
+clone of fleet.main_program do. Runs tests/integration/scripts/eval_clone_model.py under
+fleetrun with 2 servers and 2 workers; about 3 s per strategy."""
+import os
+
+import numpy as np
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "eval_clone_model.py")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_test_clone_taken_before_minimize_predicts_with_the_servers_values(fleetrun, tmp_path, mode):
+    result = fleetrun("--server_num", 2, "--worker_num", 2, "--log_dir", tmp_path / "log",
+                      SCRIPT, mode, tmp_path, 30, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    out = np.load(tmp_path / "eval.npz")
+    # training moved the parameters the clone reads ...
+    assert np.abs(out["pre"] - out["before"]).max() > 1e-3
+    # ... and the clone reads exactly what the servers hold
+    np.testing.assert_array_equal(out["pre"], out["post"])
+    np.testing.assert_array_equal(out["pre"], out["saved"])
+    # evaluating did not create rows of the distributed table for ids never trained
+    assert len(out["unseen"]) > 10
+    assert np.intersect1d(out["unseen"], out["saved_ids"]).size == 0
