@@ -155,7 +155,10 @@ class WorkerRuntime:
                 self.heartbeat.stop()
 
     def barrier_worker(self, timeout=None):
+        """Sends this worker's queued updates, then waits for every worker (bounded): after
+        it, every worker's updates before the barrier are on the servers."""
         self._need_started("barrier_worker")
+        self.comm.flush()
         return self.comm.barrier_worker(timeout)
 
     def all_to_all(self, blobs):
