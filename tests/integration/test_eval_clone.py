@@ -18,6 +18,11 @@ def test_a_test_clone_taken_before_minimize_predicts_with_the_servers_values(fle
                       SCRIPT, mode, tmp_path, 30, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
     out = np.load(tmp_path / "eval.npz")
+    # worker 1 trained with fluid.default_main_program(): its steps went through the servers too
+    for worker in (0, 1):
+        sends, *losses = np.load(tmp_path / f"worker{worker}.npy")
+        assert len(losses) == 30 and np.isfinite(losses).all()
+        assert sends >= 15, (worker, sends)  # async merges a few steps' sends at most
     # training moved the parameters the clone reads ...
     assert np.abs(out["pre"] - out["before"]).max() > 1e-3
     # ... and the clone reads exactly what the servers hold

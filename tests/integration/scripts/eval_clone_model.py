@@ -5,7 +5,8 @@ tests/integration/test_eval_clone.py: a test program cloned with clone(for_test=
 Usage: eval_clone_model.py MODE OUT_DIR STEPS
 
 The model reads a dense input, an is_sparse table and an is_distributed table. Each worker
-trains STEPS steps on its own data; then every worker's updates reach the servers and
+trains STEPS steps on its own data (worker 0 with fleet.main_program, worker 1 with the
+default programs); then every worker's updates reach the servers and
 worker 0 predicts one evaluation batch (holding ids no step trained) with
 - the pre-minimize test clone (also before training: ``before``),
 - a test clone of fleet.main_program,
@@ -63,16 +64,21 @@ if fleet.is_server():
     fleet.run_server()
     sys.exit(0)
 
+# Worker 1 runs the default programs, as Paddle 2.0 scripts do: on a worker they run as
+# fleet.main_program / fleet.startup_program.
+if fleet.worker_index() == 1:
+    main_program, startup_program = fluid.default_main_program(), fluid.default_startup_program()
+else:
+    main_program, startup_program = fleet.main_program, fleet.startup_program
 fleet.init_worker()
 exe = fluid.Executor(fluid.CPUPlace())
-exe.run(fleet.startup_program)
+exe.run(startup_program)
 eval_feed = batch(np.random.default_rng(99), 64, ROWS)  # ids >= 500 are never trained
 before, = exe.run(test_program, feed=eval_feed, fetch_list=[predict])  # the initial parameters
 rng = np.random.default_rng(10 + fleet.worker_index())
-losses = [float(exe.run(fleet.main_program, feed=batch(rng, BATCH, 500), fetch_list=[avg_cost])[0][0])
+losses = [float(exe.run(main_program, feed=batch(rng, BATCH, 500), fetch_list=[avg_cost])[0][0])
           for _ in range(steps)]
-fleet.main_program.training_hooks.flush()  # this worker's updates are on the servers
-fleet.barrier_worker()
+fleet.barrier_worker()  # sends this worker's queued updates first
 if fleet.is_first_worker():
     feed = eval_feed
     unseen = np.setdiff1d(feed["dist_ids"][0], np.arange(500))
@@ -85,6 +91,8 @@ if fleet.is_first_worker():
         saved, = exe.run(program, feed={k: feed[k] for k in feeds}, fetch_list=fetches)
     saved_ids = np.load(os.path.join(model_dir, "dist_table@ids"))
     np.savez(os.path.join(out_dir, "eval.npz"), pre=pre, post=post, saved=saved, saved_ids=saved_ids,
-             unseen=unseen, before=before, losses=np.array(losses))
+             unseen=unseen, before=before)
+sends = fleet.main_program.training_hooks.stats["sends"]  # the communicator's count of step sends
+np.save(os.path.join(out_dir, f"worker{fleet.worker_index()}.npy"), np.array([sends] + losses))
 fleet.barrier_worker()
 fleet.stop_worker()
