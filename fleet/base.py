@@ -127,7 +127,9 @@ class Fleet:
         return files[begin:end]
 
     def barrier_worker(self, timeout=None):
-        """Blocks until every worker called it (timeout names the missing workers).
+        """Blocks until every worker called it (timeout names the missing workers). A
+        distributed worker first sends its queued updates, so after the barrier every
+        worker's updates from before it are on the servers.
 
         Local training has one worker, so it returns at once.
         """

@@ -17,7 +17,7 @@ DNN_INPUT_DIM, LR_INPUT_DIM, LINES, SEED = 1000, 1000, 20000, 7
 
 def prepare_data():
     """Returns (dnn_input_dim, lr_input_dim, train_file_path), writing the file if needed."""
-    path = os.path.join(tempfile.gettempdir(), "fleet_dist_fleet_ctr_data", "train.txt")
+    path = os.path.join(tempfile.gettempdir(), "fleet_dist_fleet_ctr_data_v1", "train.txt")
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         rng = np.random.default_rng(SEED)
