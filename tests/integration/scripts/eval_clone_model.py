@@ -4,7 +4,8 @@ tests/integration/test_eval_clone.py: a test program cloned with clone(for_test=
 
 Usage: eval_clone_model.py MODE OUT_DIR STEPS
 
-The model reads a dense input, an is_sparse table and an is_distributed table. Each worker
+The model reads a dense input, an is_sparse table and an is_distributed table (in GEO,
+which refuses distributed tables, a second is_sparse table). Each worker
 trains STEPS steps on its own data (worker 0 with fleet.main_program, worker 1 with the
 default programs); then every worker's updates reach the servers and
 worker 0 predicts one evaluation batch (holding ids no step trained) with
@@ -35,7 +36,7 @@ dist_ids = fluid.layers.data("dist_ids", shape=[1], dtype="int64", lod_level=1)
 label = fluid.layers.data("label", shape=[1], dtype="int64")
 sparse_emb = fluid.layers.embedding(sparse_ids, size=[ROWS, 4], is_sparse=True,
                                     param_attr=fluid.ParamAttr(name="sparse_table"))
-dist_emb = fluid.layers.embedding(dist_ids, size=[ROWS, 4], is_sparse=True, is_distributed=True,
+dist_emb = fluid.layers.embedding(dist_ids, size=[ROWS, 4], is_sparse=True, is_distributed=mode != "geo",
                                   param_attr=fluid.ParamAttr(name="dist_table",
                                                              initializer=fluid.initializer.Uniform(-0.1, 0.1)))
 merged = fluid.layers.concat([fluid.layers.sequence_pool(sparse_emb, "sum"),
@@ -45,7 +46,8 @@ avg_cost = fluid.layers.mean(fluid.layers.cross_entropy(predict, label))
 test_program = fluid.default_main_program().clone(for_test=True)  # before minimize
 
 strategy = {"sync": DistributedStrategyFactory.create_sync_strategy,
-            "async": DistributedStrategyFactory.create_async_strategy}[mode]()
+            "async": DistributedStrategyFactory.create_async_strategy,
+            "geo": lambda: DistributedStrategyFactory.create_geo_strategy(5)}[mode]()
 fleet.distributed_optimizer(fluid.optimizer.Adam(0.02), strategy).minimize(avg_cost)
 
 
@@ -89,7 +91,7 @@ if fleet.is_first_worker():
     with fluid.scope_guard(fluid.Scope()):
         program, feeds, fetches = fleet.load_inference_model(model_dir, exe)
         saved, = exe.run(program, feed={k: feed[k] for k in feeds}, fetch_list=fetches)
-    saved_ids = np.load(os.path.join(model_dir, "dist_table@ids"))
+    saved_ids = np.load(os.path.join(model_dir, "dist_table@ids")) if mode != "geo" else np.zeros(0, np.int64)
     np.savez(os.path.join(out_dir, "eval.npz"), pre=pre, post=post, saved=saved, saved_ids=saved_ids,
              unseen=unseen, before=before)
 sends = fleet.main_program.training_hooks.stats["sends"]  # the communicator's count of step sends
