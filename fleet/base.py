@@ -18,6 +18,7 @@ import numpy as np
 from fleet.errors import ConfigError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
+from fleet.framework.hooks import set_program_rewriter
 from fleet.framework.inference import inference_program, load_inference_model, save_inference_model
 from fleet.framework.program import Program, default_main_program, default_startup_program
 from fleet.framework.scope import global_scope
@@ -69,6 +70,7 @@ class Fleet:
         self._is_initialized = True
         self._executor = Executor()
         self._runtime = None
+        set_program_rewriter(None)  # a previous job's worker runtime no longer rewrites programs
         self.main_program = self.startup_program = None
         return self
 
@@ -129,7 +131,9 @@ class Fleet:
         return files[begin:end]
 
     def barrier_worker(self, timeout=None):
-        """Blocks until every worker called it (timeout names the missing workers).
+        """Blocks until every worker called it (timeout names the missing workers). A
+        distributed worker first sends its queued updates, so after the barrier every
+        worker's updates from before it are on the servers.
 
         Local training has one worker, so it returns at once.
         """

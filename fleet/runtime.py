@@ -26,6 +26,7 @@ from fleet.communicator import make_communicator
 from fleet.errors import ConfigError, FleetTimeoutError, ServerError, TransportError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
+from fleet.framework.hooks import set_program_rewriter
 from fleet.framework.inference import file_names, manifest_extra, persistable_names, use_saved_tables
 from fleet.framework.program import serialize_program
 from fleet.framework.scope import Scope, global_scope
@@ -34,7 +35,8 @@ from fleet.rules import rule_from_op_attrs
 from fleet.server.checkpoint import initial_values, state_var
 from fleet.server.parameter_server import ParameterServer
 from fleet.transpiler.plan import DISTRIBUTED, SPARSE, build_plan
-from fleet.transpiler.worker_program import transpile_worker
+from fleet.transpiler.worker_program import (has_server_updates, reads_server_params, transpile_eval,
+                                             transpile_worker)
 from fleet.transport import Client, CurveConfig, Heartbeat, ServerSocket, wait_for_servers
 from fleet.transport.settings import heartbeat_settings
 
@@ -46,7 +48,9 @@ def build_runtime(fleet, strategy, main, startup, optimizer):
     plan = build_plan(main, strategy, fleet.server_endpoints(), fleet.worker_num())
     if fleet.is_server():
         return ServerRuntime(fleet, strategy, plan, main, startup)
-    return WorkerRuntime(fleet, strategy, plan, main, startup)
+    runtime = WorkerRuntime(fleet, strategy, plan, main, startup)
+    set_program_rewriter(runtime.program_for_run)
+    return runtime
 
 
 def _curve():
@@ -92,6 +96,9 @@ class WorkerRuntime:
         self.strategy = strategy
         self.plan = plan
         self.program, self.startup = transpile_worker(main, startup, plan)
+        self._user_main, self._user_startup = main, startup
+        self._rewritten = weakref.WeakKeyDictionary()  # user program -> (its version, program to run)
+        self._rewrite_lock = threading.Lock()
         self.worker_id = fleet.worker_index()
         flags = strategy.get_trainer_runtime_config().get_communicator_flags()
         update_frequency = strategy.get_program_config().geo_sgd_need_push_nums
@@ -111,6 +118,42 @@ class WorkerRuntime:
 
     def programs(self):
         return self.program, self.startup
+
+    def program_for_run(self, program):
+        """What the executor runs on this worker for ``program`` (see
+        ``fleet.framework.hooks.set_program_rewriter``), as Paddle 1.x's transpiler, which
+        rewrote the default programs in place: the programs ``minimize`` was called on run
+        as ``fleet.main_program`` / ``fleet.startup_program``; another program of theirs
+        (cloned from them, e.g. ``clone(for_test=True)`` before ``minimize``) that reads
+        server-held parameters is transpiled too: with optimizer ops it trains through the
+        servers, without them it evaluates with the servers' current values (its table
+        reads prefetch rows, unseen ids of a distributed table not created when it is a
+        test clone; its dense parameters are pulled at every run). In GEO a worker holds
+        every parameter, so a program without optimizer ops runs unchanged. Programs of
+        other origins (loaded inference models, programs built apart) run unchanged.
+        Thread-safe; cached per program and version."""
+        if program is self._user_main:
+            return self.program
+        if program is self._user_startup:
+            return self.startup
+        if program.training_hooks is not None or program._lineage != self._user_main._lineage:
+            return program
+        with self._rewrite_lock:
+            cached = self._rewritten.get(program)
+            if cached is not None and cached[0] == program._version:
+                return cached[1]
+            if not reads_server_params(program, self.plan):
+                run = program
+            elif has_server_updates(program, self.plan):
+                run = transpile_worker(program, self._user_startup, self.plan)[0]
+            elif self.plan.mode == "geo":
+                run = program
+            else:
+                run = transpile_eval(program, self.plan)
+            if run is not program:
+                run.training_hooks = self.comm
+            self._rewritten[program] = (program._version, run)
+            return run
 
     def init_worker(self):
         """Waits for every server (bounded by FLEET_CONNECT_TIMEOUT_MS), starts the
@@ -149,7 +192,10 @@ class WorkerRuntime:
                 self.heartbeat.stop()
 
     def barrier_worker(self, timeout=None):
+        """Sends this worker's queued updates, then waits for every worker (bounded): after
+        it, every worker's updates before the barrier are on the servers."""
         self._need_started("barrier_worker")
+        self.comm.flush()
         return self.comm.barrier_worker(timeout)
 
     def all_to_all(self, blobs):

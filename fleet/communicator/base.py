@@ -54,6 +54,7 @@ class Communicator(TrainingHooks):
         self.clients = {}
         self.endpoints = list(plan.server_endpoints)
         self._locks = {ep: threading.Lock() for ep in self.endpoints}
+        self._rank = {ep: i for i, ep in enumerate(self.endpoints)}
         self.running = False
         self._closing = False
         self.stats = {"requests": 0, "sends": 0, "pulls": 0, "prefetches": 0}
@@ -114,7 +115,9 @@ class Communicator(TrainingHooks):
             {endpoint: reply}.
         """
         pending = []
-        for ep, (op, names, arrays, meta) in per_endpoint.items():
+        # Locks are taken in server order: two threads asking overlapping servers in
+        # different orders (a prefetch and the async send loop's pull) would deadlock.
+        for ep, (op, names, arrays, meta) in sorted(per_endpoint.items(), key=lambda kv: self._rank[kv[0]]):
             lock = self._locks[ep]
             lock.acquire()
             try:

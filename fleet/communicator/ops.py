@@ -2,7 +2,8 @@
 
 They reach the worker's communicator through ``program.training_hooks`` (set by the runtime),
 so a test clone of the program (``clone(for_test=True)``) prefetches with the same
-communicator and sends nothing (its ``send`` op is dropped with the optimizer role).
+communicator, pulls the dense parameters it reads and sends nothing (its ``send`` op is
+dropped with the optimizer role).
 """
 from fleet.errors import ConfigError
 from fleet.framework.registry import OpDef, register_op
@@ -53,3 +54,18 @@ class GeoStep(OpDef):
 
     def forward(self, ctx):
         _communicator(ctx).geo_step(_step_grads(ctx))
+
+
+@register_op
+class PullDense(OpDef):
+    """Refreshes the dense parameters ``params`` from the servers (in the scope the
+    communicator writes, the global scope). With ``only_in_test`` it acts only when the
+    program is a test clone: training programs get their values as the strategy says."""
+
+    type = "pull_dense"
+
+    def forward(self, ctx):
+        if ctx.attrs.get("only_in_test") and not ctx.op.block.program._is_test:
+            return
+        comm = _communicator(ctx)
+        comm.pull_dense([comm.plan.params[name] for name in ctx.attrs["params"]])

@@ -30,6 +30,7 @@ import threading
 import numpy as np
 
 from fleet.errors import ConfigError, DataError
+from fleet.framework.hooks import program_to_run
 from fleet.framework.program import Program, Variable, default_main_program
 from fleet.framework.runner import Runner, batch_size, combine_step, feed_value, split_batch
 from fleet.framework.tensor import LoDTensor, SparseRows
@@ -138,7 +139,8 @@ class CompiledProgram:
     def _run(self, executor, feed, fetch_list, scope, return_numpy, return_merged):
         """One step (called by ``Executor.run``); see the module docstring."""
         replicas = self.replica_count()
-        plan = executor._plan(self._program)
+        # on a distributed worker, a program built before minimize runs as the runtime says
+        plan = executor._plan(program_to_run(self._program))
         with self._lock:
             runners = self._runners(plan, scope, replicas)
             parts = self._split(feed, replicas)

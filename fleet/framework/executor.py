@@ -18,6 +18,7 @@ import numpy as np
 
 from fleet.errors import ConfigError, DataError
 from fleet.framework.compiler import CompiledProgram
+from fleet.framework.hooks import program_to_run
 from fleet.framework.program import Program, Variable, default_main_program
 from fleet.framework.runner import Plan, Runner, feed_value
 from fleet.framework.scope import global_scope
@@ -119,6 +120,7 @@ class Executor:
                                 f"compiled with data parallel; run a CompiledProgram(...).with_data_parallel() "
                                 f"or feed one dict")
             feed = feed[0]
+        program = program_to_run(program)
         runner = self._runner(program, scope)
         local = runner.local
         try:
@@ -223,6 +225,7 @@ class Executor:
             raise TypeError(f"program must be a fleet.Program, got {type(program).__name__}")
         if not train:
             program = program.clone(for_test=True)
+        program = program_to_run(program)
         thread = int(thread) if thread else int(getattr(dataset, "thread_num", 0) or 0)
         if thread <= 0:
             raise RuntimeError(

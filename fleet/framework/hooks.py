@@ -58,3 +58,24 @@ class TrainingHooks:
         reported to it): tell the peers, so they stop now instead of waiting for this
         process. Called from the calling thread after ``end_pass``; bounded; must not
         raise."""
+
+# ---------------------------------------------------------------------- programs to run
+# A distributed worker's runtime registers how the programs its user built before
+# ``minimize`` (test clones, the default main program) run on this worker: their reads of
+# server-held parameters must go to the servers. The executor asks before every run.
+_program_rewriter = None
+
+
+def set_program_rewriter(rewrite):
+    """Registers ``rewrite(program) -> program`` (or None to remove it): the executor runs
+    what it returns instead of ``program``. It must return ``program`` itself for programs
+    it does not handle, must be cheap when called again with an unchanged program, and is
+    called from any thread that runs a program (thread-safe)."""
+    global _program_rewriter
+    _program_rewriter = rewrite
+
+
+def program_to_run(program):
+    """The program the executor runs for ``program`` (itself unless a runtime rewrites it)."""
+    rewrite = _program_rewriter
+    return program if rewrite is None else rewrite(program)

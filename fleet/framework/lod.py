@@ -17,7 +17,12 @@ Every op type says in its ``OpDef.lod`` what it does with lod_level=1 inputs:
   LoDTensor with the inputs' offsets. At build time its outputs in ``lod_outputs`` become
   lod_level=1, and an input with one row per example (a leading -1 dimension, not
   lod_level=1) next to a lod_level=1 input is refused: their rows do not line up. At run
-  time every lod_level=1 input must have the same sequence lengths.
+  time every lod_level=1 input must have the same sequence lengths. An op whose
+  ``joins_single_ids`` is true (concat) takes both kinds as Paddle does, joining the rows
+  as they come: its output has one row per example and at run time every sequence must
+  hold exactly one id (Paddle's CTR scripts concatenate the embeddings of one-id slots
+  with the dense features without pooling them); a batch with other lengths is a
+  ``DataError`` naming the fix.
 - ``SEQUENCE``: the op reads LoDTensors itself (lookup_table, sequence_pool,
   sequence_expand_as, ...) and checks its own inputs.
 
@@ -27,6 +32,7 @@ inputs in ROWWISE ops: they apply to every row alike.
 from fleet.errors import ConfigError
 
 DENSE, ROWWISE, SEQUENCE = "dense", "rowwise", "sequence"
+ONE_ID_PER_SEQUENCE = "one_id_per_sequence"  # the op attribute of a ROWWISE op joining both kinds
 
 # op type -> the layer users call (for messages); other ops are named by their type.
 _LAYER_NAMES = {"lookup_table": "embedding", "sum": "sums"}
@@ -67,7 +73,13 @@ def check(opdef, op, block):
             f"per example; " + POOL_HINT.format(name=seqs[0].name))
     dense = [v for v in inputs if _per_example(v)]
     if dense:
-        raise ConfigError(mixed_message(layer, seqs[0], dense[0]))
+        if not opdef.joins_single_ids:
+            raise ConfigError(mixed_message(layer, seqs[0], dense[0]))
+        # Paddle joins the rows as they come: right when every sequence holds one id
+        # (the op checks that at run time); the output has one row per example.
+        op.attrs[ONE_ID_PER_SEQUENCE] = True
+        opdef.check_rowwise(op, block, seqs)
+        return
     opdef.check_rowwise(op, block, seqs)
     for slot in opdef.lod_outputs_of(op):
         for name in op.output(slot):

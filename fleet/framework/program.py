@@ -267,6 +267,9 @@ class Program:
         self._paired = None  # the main program of a startup program, and vice versa
         self._version = 0
         self._id = next(_program_ids)
+        # The program this one was cloned from, transitively (its own id when built):
+        # a distributed worker's runtime recognises programs built before minimize by it.
+        self._lineage = self._id
         self._is_distributed = False
         self._is_test = False
         self._fleet_opt = None
@@ -328,6 +331,7 @@ class Program:
         parameters: its forward pulls what it needs and sends nothing.
         """
         new = Program()
+        new._lineage = self._lineage
         new._random_seed = self._random_seed
         new._paired = self._paired
         new._is_distributed = self._is_distributed

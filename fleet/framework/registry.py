@@ -30,6 +30,7 @@ class OpDef:
     grad_slots = ()
     lod = DENSE
     lod_outputs = ("Out",)
+    joins_single_ids = False  # ROWWISE: per-example inputs may join one-id sequences (lod.check)
 
     def infer_shape(self, op, block):
         """Sets the shapes and dtypes of the op's outputs at build time (optional)."""

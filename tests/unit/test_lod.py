@@ -209,14 +209,26 @@ def seq():
     fw.reset_default_programs()
 
 
-def test_concat_of_a_sequence_with_a_per_example_input_names_both_and_the_fix(seq):
-    dense = layers.data("dense_input", shape=[3])
-    with pytest.raises(ConfigError) as e:
-        layers.concat([seq, dense], axis=1)
+def test_concat_of_one_id_sequences_with_a_per_example_input_joins_rows_as_paddle_does():
+    """Paddle's CTR scripts concatenate the embeddings of one-id slots with the dense
+    features unpooled: the rows line up when every sequence holds one id."""
+    def build():
+        ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
+        dense = layers.data("dense_input", shape=[3])
+        joined = layers.concat([layers.embedding(ids, size=[10, 4], param_attr="t"), dense], axis=1)
+        assert joined.lod_level == 0 and joined.shape == (-1, 7)
+        return [joined, layers.reduce_sum(layers.fc(joined, 2))]
+
+    main, scope, exe, outs = _lod_program(build)
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    joined, _ = exe.run(main, feed={"ids": ([4, 0, 9], [1, 1, 1]), "dense_input": x}, fetch_list=outs, scope=scope)
+    np.testing.assert_array_equal(joined, np.concatenate([scope["t"][[4, 0, 9]], x], axis=1))
+    with pytest.raises(DataError) as e:
+        exe.run(main, feed={"ids": ([4, 0, 9, 2], [1, 2, 1]), "dense_input": x}, fetch_list=outs, scope=scope)
     assert str(e.value) == (
-        "concat of 'embedding.tmp_0' (lod_level=1, one row per id) with 'dense_input' (one row per "
-        "example): pool the sequence first with layers.sequence_pool(emb, 'sum') where emb is "
-        "'embedding.tmp_0', or repeat 'dense_input' once per id with layers.sequence_expand_as")
+        "concat of 'embedding.tmp_0' (lod_level=1) with inputs of one row per example: its sequences hold 4 ids "
+        "for 3 examples, and joining them needs exactly one id per example; pool the sequence first with "
+        "layers.sequence_pool(emb, 'sum') where emb is 'embedding.tmp_0'")
 
 
 def test_elementwise_ops_refuse_a_per_example_operand_for_a_sequence(seq):

@@ -1,7 +1,7 @@
 """Constant, random-initializer, sum, scale, cast, reshape and concat ops."""
 import numpy as np
 
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, DataError
 from fleet.framework import lod
 from fleet.framework.registry import OpDef, register_op
 from fleet.framework.tensor import SparseRows
@@ -201,6 +201,20 @@ class Reshape(OpDef):
         ctx.set_output("X@GRAD", np.asarray(ctx.input("Out@GRAD")).reshape(x.shape))
 
 
+def _check_one_id_each(ctx, xs):
+    """A concat joining sequences with per-example inputs: every input must have one row
+    per example (each sequence exactly one id)."""
+    names = ctx.op.input("X")
+    block = ctx.op.block
+    examples = next(x.shape[0] for n, x in zip(names, xs) if not block.var(n).lod_level)
+    for name, x in zip(names, xs):
+        if x.shape[0] != examples:
+            raise DataError(
+                f"concat of {name!r} (lod_level=1) with inputs of one row per example: its sequences "
+                f"hold {x.shape[0]} ids for {examples} examples, and joining them needs exactly one id per "
+                f"example; " + lod.POOL_HINT.format(name=name))
+
+
 @register_op
 class Concat(OpDef):
     """Out = X joined along ``axis``; lod_level=1 inputs (with the same sequence lengths)
@@ -209,6 +223,7 @@ class Concat(OpDef):
     type = "concat"
     grad_slots = ("X",)
     lod = lod.ROWWISE
+    joins_single_ids = True
 
     def infer_shape(self, op, block):
         xs = [block.var(n) for n in op.input("X")]
@@ -230,7 +245,7 @@ class Concat(OpDef):
 
     def check_rowwise(self, op, block, seqs):
         plain = [block.var(n) for n in op.input("X") if not block.var(n).lod_level]
-        if plain:
+        if plain and not op.attr(lod.ONE_ID_PER_SEQUENCE):
             raise ConfigError(lod.mixed_message("concat", seqs[0], plain[0]))
         if op.attr("axis") == 0:
             raise lod.refuse(op, seqs[0], "concat along axis 0 would stack the ids of different "
@@ -240,6 +255,8 @@ class Concat(OpDef):
     def forward(self, ctx):
         xs = ctx.inputs("X")
         axis = ctx.attrs["axis"]
+        if ctx.attrs.get(lod.ONE_ID_PER_SEQUENCE):
+            _check_one_id_each(ctx, xs)
         shape = list(xs[0].shape)
         shape[axis] = sum(x.shape[axis] for x in xs)
         out = ctx.buffer("Out", tuple(shape), xs[0].dtype)
