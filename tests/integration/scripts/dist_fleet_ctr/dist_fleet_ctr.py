@@ -8,7 +8,7 @@ and with SAVE_MODEL=1 saves an inference model and checks that its __model__ par
 Only the imports differ from Paddle's script (``import fleet.fluid as fluid``); with
 SAVE_DIRNAME set the first worker also saves the persistables there (Paddle 2.0's version
 of the script does), for the test to evaluate. Paddle's PyReader mode (fluid.io.PyReader
-with a CompiledProgram) is not here: fleet has neither.
+with a CompiledProgram) is not here: fleet has no PyReader (docs/porting.md).
 """
 from __future__ import print_function
 

@@ -6,8 +6,8 @@ parameter server or worker. Only the imports differ from the Paddle 1.x script:
     import fleet                                     # ...parameter_server.distribute_transpiler.fleet
     from strategies import DistributeTranspilerConfig
 
-(and ``fleet.save_persistables`` saves the model, as FleetX's distribute_base does; this
-branch's ``fleet.fluid`` has no ``fluid.io`` yet). ``--sync_mode geo_async`` is FleetX's
+(``fleet.save_persistables`` saves the model, as FleetX's distribute_base does).
+``--sync_mode geo_async`` is FleetX's
 GEO-SGD setting (geo_sgd_mode, 400 steps between pushes).
 """
 from __future__ import print_function

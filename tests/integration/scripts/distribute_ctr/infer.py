@@ -3,10 +3,9 @@ the network in a test program, loads the saved parameters into a fresh scope, ze
 AUC statistics the save carried, and runs the test lines batch by batch. Prints one JSON
 line {"auc", "loss" (mean per example), "examples"}.
 
-fleet equivalents of the Paddle calls: ``fleet.load_persistables`` for
-``fluid.io.load_persistables`` (no ``fluid.io`` in this branch's ``fleet.fluid``), the
-AUC statistics are the program's ``auc.*`` variables (Paddle's ``_generated_var_N``) and
-a variable's array is zeroed in place (Paddle: ``scope.var(name).get_tensor().set``).
+Where it differs from the Paddle script: the AUC statistics are the program's ``auc.*``
+variables (Paddle's ``_generated_var_N``) and a variable's array is zeroed in place
+(Paddle: ``scope.var(name).get_tensor().set``).
 """
 import json
 import os
@@ -14,7 +13,6 @@ import sys
 
 import numpy as np
 
-import fleet
 import fleet.fluid as fluid
 from argument import params_args
 from dataset_generator import DacDataset
@@ -54,7 +52,7 @@ def run_infer(params, model_path):
         loss, auc_var, batch_auc_var = ctr_model.net(inputs, params)
         exe = fluid.Executor(place)
         exe.run(startup_program)
-        fleet.load_persistables(exe, model_path, main_program=test_program)
+        fluid.io.load_persistables(executor=exe, dirname=model_path, main_program=test_program)
         for var in test_program.list_vars():
             if var.persistable and var.name.startswith("auc."):
                 inference_scope.find_var(var.name)[...] = 0
