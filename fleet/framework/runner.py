@@ -9,7 +9,7 @@ import numpy as np
 from fleet.errors import DataError
 from fleet.framework import passes
 from fleet.framework.context import OpContext
-from fleet.framework.program import OPTIMIZE
+from fleet.framework.program import LRSCHED, OPTIMIZE
 from fleet.framework.registry import get_op_def, has_op
 from fleet.framework.tensor import LoDTensor, SparseRows, as_lod_tensor
 from fleet.kernels import sparse as sparse_kernels
@@ -31,7 +31,8 @@ class Plan:
             opdef = get_op_def(op.type)
             is_grad = op.type.endswith("_grad") and not has_op(op.type)
             method = opdef.backward if is_grad else opdef.forward
-            self.steps.append((method, op, op.attr("op_role") == OPTIMIZE))
+            # schedule ops step with the update: once per batch also when threads split it
+            self.steps.append((method, op, op.attr("op_role") in (OPTIMIZE, LRSCHED)))
         self.grad_names = [op.input("Grad")[0] for _, op, opt in self.steps if opt and op.input("Grad")]
 
 
