@@ -20,8 +20,8 @@ Formulas (g the gradient, lr the learning rate; all per element):
 - Lamb (Paddle 1.x's ``lamb`` op, no bias correction): ``m1 = beta1*m1 + (1-beta1)*g``;
   ``m2 = beta2*m2 + (1-beta2)*g*g``; ``r = m1 / (sqrt(m2) + epsilon) + weight_decay*param``;
   then with ``pn = ||param||`` and ``rn = ||r||`` over the elements updated (the whole
-  array for the dense kernel, the given rows for the row kernel; norms summed in float64,
-  rounded to float32): ``param -= lr * (pn / rn if pn > 0 and rn > 0 else 1) * r``.
+  array for the dense kernel, the given rows for the row kernel, in that order; squares
+  summed in float64, the root rounded to float32): ``param -= lr * (pn / rn if pn > 0 and rn > 0 else 1) * r``.
 """
 import numba
 import numpy as np
@@ -182,8 +182,8 @@ def _lamb_scale(lr32, pn2, rn2):
     pn = np.float32(np.sqrt(pn2))
     rn = np.float32(np.sqrt(rn2))
     if pn > np.float32(0.0) and rn > np.float32(0.0):
-        return lr32 * (pn / rn)
-    return lr32
+        return np.float32(lr32 * np.float32(pn / rn))
+    return np.float32(lr32)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -203,9 +203,9 @@ def lamb_dense(param, m1, m2, grad, lr, beta1, beta2, epsilon, weight_decay):
     for i in range(p.shape[0]):
         ri = _lamb_moments_at(p, a, b, i, g[i], b1, b2, eps, wd)
         r[i] = ri
-        pn2 += float(p[i]) * float(p[i])
-        rn2 += float(ri) * float(ri)
-    step = _lamb_scale(np.float32(lr), pn2, rn2)
+        pn2 += np.float64(p[i]) * np.float64(p[i])  # float() keeps float32 in numba
+        rn2 += np.float64(ri) * np.float64(ri)
+    step = np.float32(_lamb_scale(np.float32(lr), pn2, rn2))  # float32, as the twin
     for i in range(p.shape[0]):
         p[i] -= step * r[i]
 
@@ -226,9 +226,9 @@ def lamb_rows(param, m1, m2, rows, grad, lr, beta1, beta2, epsilon, weight_decay
         for d in range(dim):
             ri = _lamb_moments_at(p, a, b, base + d, grad[k, d], b1, b2, eps, wd)
             r[k * dim + d] = ri
-            pn2 += float(p[base + d]) * float(p[base + d])
-            rn2 += float(ri) * float(ri)
-    step = _lamb_scale(np.float32(lr), pn2, rn2)
+            pn2 += np.float64(p[base + d]) * np.float64(p[base + d])
+            rn2 += np.float64(ri) * np.float64(ri)
+    step = np.float32(_lamb_scale(np.float32(lr), pn2, rn2))  # float32, as the twin
     for k in range(n):
         base = rows[k] * dim
         for d in range(dim):
@@ -297,14 +297,22 @@ def decayed_adagrad_rows_reference(param, moment, rows, grad, lr, decay, epsilon
     param[rows], moment[rows] = p, m
 
 
+def _sum_squares(a):
+    """Sum of squares in float64, element by element in order (as the kernels add)."""
+    total = 0.0
+    for v in a.reshape(-1).tolist():
+        total += v * v
+    return total
+
+
 def lamb_dense_reference(param, m1, m2, grad, lr, beta1, beta2, epsilon, weight_decay):
     """Numpy twin of :func:`lamb_dense`."""
     b1, b2 = _F(beta1), _F(beta2)
     m1[...] = b1 * m1 + (_F(1.0) - b1) * grad
     m2[...] = b2 * m2 + (_F(1.0) - b2) * grad * grad
     r = m1 / (np.sqrt(m2) + _F(epsilon)) + _F(weight_decay) * param
-    pn = _F(np.sqrt(np.sum(param.astype(np.float64) ** 2)))
-    rn = _F(np.sqrt(np.sum(r.astype(np.float64) ** 2)))
+    pn = _F(np.sqrt(_sum_squares(param)))
+    rn = _F(np.sqrt(_sum_squares(r)))
     step = _F(lr) * (pn / rn) if pn > 0 and rn > 0 else _F(lr)
     param -= step * r
 
