@@ -24,6 +24,7 @@ _SUBMODULES = {
     "optimizer": "fleet.optimizer",
     "initializer": "fleet.initializer",
     "param_attr": "fleet.param_attr",
+    "regularizer": "fleet.regularizer",
 }
 
 # fluid attribute -> (fleet module, attribute there)

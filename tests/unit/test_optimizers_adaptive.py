@@ -248,3 +248,12 @@ def test_schedules_refuse_bad_arguments():
             layers.piecewise_decay([1, 2], [0.1])
         with pytest.raises(ConfigError, match="decay_steps=0 must be a positive number"):
             layers.exponential_decay(0.1, 0, 0.5)
+
+
+def test_paddle_names_reach_the_same_objects_through_fleet_fluid():
+    import fleet.fluid as fluid
+    assert fluid.regularizer.L2DecayRegularizer is regularizer.L2Decay
+    assert fluid.regularizer.L1Decay is regularizer.L1DecayRegularizer
+    for name in ("FtrlOptimizer", "RMSPropOptimizer", "DecayedAdagradOptimizer", "LambOptimizer"):
+        assert getattr(fluid.optimizer, name) is getattr(optimizer, name[:-len("Optimizer")])
+    assert fluid.layers.noam_decay is layers.noam_decay
