@@ -259,6 +259,62 @@ class LambRule(_RowsRule):
         return self.beta1, self.beta2, self.epsilon, self.weight_decay
 
 
+class AdamaxRule(_RowsRule):
+    """Paddle's Adamax: ``lr / (1 - beta1_pow)`` with ``beta1_pow`` (scalar state, starting
+    at beta1) multiplied by beta1 after each update. Sparse: only the gradient's rows (an
+    empty gradient is no update); Paddle's op takes dense gradients only."""
+
+    type = "adamax"
+    state_names = ("moment", "inf_norm", "beta1_pow")
+    row_state_names = ("moment", "inf_norm")
+    attr_names = ("beta1", "beta2", "epsilon")
+    _dense, _rows = "adamax_dense", "adamax_rows"
+
+    def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-8):
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+
+    def init_state(self, shape):
+        state = super().init_state(shape)
+        state["beta1_pow"] = np.full(1, self.beta1, dtype=np.float64)
+        return state
+
+    def _lr_t(self, state, lr):
+        b1p = float(state["beta1_pow"][0])
+        state["beta1_pow"][0] = b1p * self.beta1
+        return float(lr) / (1.0 - b1p)
+
+    def _scalars(self):
+        return self.beta1, self.beta2, self.epsilon
+
+    def apply_dense(self, param, grad, state, lr):
+        super().apply_dense(param, grad, state, self._lr_t(state, lr))
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if len(rows):
+            super().apply_sparse(param, rows, values, state, self._lr_t(state, lr))
+
+
+class AdadeltaRule(_RowsRule):
+    """Paddle 1.x's Adadelta, whose op has no learning rate (``lr`` is ignored). Sparse:
+    only the gradient's rows; Paddle's op takes dense gradients only."""
+
+    type = "adadelta"
+    state_names = row_state_names = ("avg_squared_grad", "avg_squared_update")
+    attr_names = ("rho", "epsilon")
+
+    def __init__(self, rho=0.95, epsilon=1e-6):
+        self.rho, self.epsilon = float(rho), float(epsilon)
+
+    def apply_dense(self, param, grad, state, lr):
+        adaptive.adadelta_dense(_flat(param), *[_flat(a) for a in self._states(state)], _flat(grad),
+                                self.rho, self.epsilon)
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if len(rows):
+            uniq, summed = _merged(rows, values)
+            adaptive.adadelta_rows(param, *self._states(state), uniq, summed, self.rho, self.epsilon)
+
+
 REGULARIZER_ATTRS = ("regularizer", "regularizer_coeff")
 
 
@@ -304,7 +360,7 @@ class RegularizedRule:
 
 
 _RULES = {cls.type: cls for cls in (SGDRule, MomentumRule, AdagradRule, AdamRule, FtrlRule, RMSPropRule,
-                                    DecayedAdagradRule, LambRule)}
+                                    DecayedAdagradRule, LambRule, AdamaxRule, AdadeltaRule)}
 
 
 def rule_from_op_attrs(op_type, attrs):

@@ -1,4 +1,5 @@
-"""Update kernels of Paddle's Ftrl, RMSProp, DecayedAdagrad and Lamb, dense and by rows.
+"""Update kernels of Paddle's Ftrl, RMSProp, DecayedAdagrad, Lamb, Adamax and Adadelta,
+dense and by rows.
 
 The conventions of ``fleet.kernels.optim`` hold: float32 arithmetic in the order the
 formulas are written (scalars arrive as Python floats, rounded to float32 once), in place,
@@ -235,6 +236,76 @@ def lamb_rows(param, m1, m2, rows, grad, lr, beta1, beta2, epsilon, weight_decay
             p[base + d] -= step * r[k * dim + d]
 
 
+# -------------------------------------------------------------------------- Adamax
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _adamax_at(p, m, u, i, g, lr32, b1, b2, eps):
+    a = b1 * m[i] + (np.float32(1.0) - b1) * g
+    n = max(abs(g), b2 * u[i] + eps)
+    m[i] = a
+    u[i] = n
+    p[i] -= lr32 * (a / n)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def adamax_dense(param, moment, inf_norm, grad, lr_t, beta1, beta2, epsilon):
+    """Paddle's Adamax over the flattened arrays (lr_t has the bias correction folded in)."""
+    assert grad.size == param.size and moment.size == param.size and inf_norm.size == param.size, \
+        "adamax_dense: sizes differ"
+    p, m, u, g = param.reshape(param.size), moment.reshape(param.size), inf_norm.reshape(param.size), \
+        grad.reshape(grad.size)
+    lr32, b1, b2, eps = np.float32(lr_t), np.float32(beta1), np.float32(beta2), np.float32(epsilon)
+    for i in range(p.shape[0]):
+        _adamax_at(p, m, u, i, g[i], lr32, b1, b2, eps)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def adamax_rows(param, moment, inf_norm, rows, grad, lr_t, beta1, beta2, epsilon):
+    """:func:`adamax_dense` on unique ``rows`` only ([V, D] arrays, grad [n, D])."""
+    n, dim = rows.shape[0], param.shape[1]
+    assert grad.shape[0] == n and grad.shape[1] == dim, "adamax_rows: grad must be [len(rows), D]"
+    p, m, u = param.reshape(param.size), moment.reshape(param.size), inf_norm.reshape(param.size)
+    lr32, b1, b2, eps = np.float32(lr_t), np.float32(beta1), np.float32(beta2), np.float32(epsilon)
+    for k in range(n):
+        base = rows[k] * dim
+        for d in range(dim):
+            _adamax_at(p, m, u, base + d, grad[k, d], lr32, b1, b2, eps)
+
+
+# ------------------------------------------------------------------------ Adadelta
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _adadelta_at(p, g2, u2, i, g, rho, eps):
+    a = rho * g2[i] + (np.float32(1.0) - rho) * g * g
+    update = -np.sqrt((u2[i] + eps) / (a + eps)) * g
+    g2[i] = a
+    u2[i] = rho * u2[i] + (np.float32(1.0) - rho) * update * update
+    p[i] += update
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def adadelta_dense(param, avg_squared_grad, avg_squared_update, grad, rho, epsilon):
+    """Paddle 1.x's Adadelta over the flattened arrays (no learning rate)."""
+    assert grad.size == param.size and avg_squared_grad.size == param.size \
+        and avg_squared_update.size == param.size, "adadelta_dense: sizes differ"
+    p, a, b, g = param.reshape(param.size), avg_squared_grad.reshape(param.size), \
+        avg_squared_update.reshape(param.size), grad.reshape(grad.size)
+    rho32, eps = np.float32(rho), np.float32(epsilon)
+    for i in range(p.shape[0]):
+        _adadelta_at(p, a, b, i, g[i], rho32, eps)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def adadelta_rows(param, avg_squared_grad, avg_squared_update, rows, grad, rho, epsilon):
+    """:func:`adadelta_dense` on unique ``rows`` only ([V, D] arrays, grad [n, D])."""
+    n, dim = rows.shape[0], param.shape[1]
+    assert grad.shape[0] == n and grad.shape[1] == dim, "adadelta_rows: grad must be [len(rows), D]"
+    p, a, b = param.reshape(param.size), avg_squared_grad.reshape(param.size), avg_squared_update.reshape(param.size)
+    rho32, eps = np.float32(rho), np.float32(epsilon)
+    for k in range(n):
+        base = rows[k] * dim
+        for d in range(dim):
+            _adadelta_at(p, a, b, base + d, grad[k, d], rho32, eps)
+
+
 # ---------------------------------------------------------------- numpy twins
 _F = np.float32
 
@@ -322,3 +393,34 @@ def lamb_rows_reference(param, m1, m2, rows, grad, lr, beta1, beta2, epsilon, we
     p, a, b = param[rows], m1[rows], m2[rows]
     lamb_dense_reference(p, a, b, grad, lr, beta1, beta2, epsilon, weight_decay)
     param[rows], m1[rows], m2[rows] = p, a, b
+
+
+def adamax_dense_reference(param, moment, inf_norm, grad, lr_t, beta1, beta2, epsilon):
+    """Numpy twin of :func:`adamax_dense`."""
+    b1, b2 = _F(beta1), _F(beta2)
+    moment[...] = b1 * moment + (_F(1.0) - b1) * grad
+    inf_norm[...] = np.maximum(np.abs(grad), b2 * inf_norm + _F(epsilon))
+    param -= _F(lr_t) * (moment / inf_norm)
+
+
+def adamax_rows_reference(param, moment, inf_norm, rows, grad, lr_t, beta1, beta2, epsilon):
+    """Numpy twin of :func:`adamax_rows` (rows unique)."""
+    p, m, u = param[rows], moment[rows], inf_norm[rows]
+    adamax_dense_reference(p, m, u, grad, lr_t, beta1, beta2, epsilon)
+    param[rows], moment[rows], inf_norm[rows] = p, m, u
+
+
+def adadelta_dense_reference(param, avg_squared_grad, avg_squared_update, grad, rho, epsilon):
+    """Numpy twin of :func:`adadelta_dense`."""
+    rho, eps = _F(rho), _F(epsilon)
+    avg_squared_grad[...] = rho * avg_squared_grad + (_F(1.0) - rho) * grad * grad
+    update = -np.sqrt((avg_squared_update + eps) / (avg_squared_grad + eps)) * grad
+    avg_squared_update[...] = rho * avg_squared_update + (_F(1.0) - rho) * update * update
+    param += update
+
+
+def adadelta_rows_reference(param, avg_squared_grad, avg_squared_update, rows, grad, rho, epsilon):
+    """Numpy twin of :func:`adadelta_rows` (rows unique)."""
+    p, a, b = param[rows], avg_squared_grad[rows], avg_squared_update[rows]
+    adadelta_dense_reference(p, a, b, grad, rho, epsilon)
+    param[rows], avg_squared_grad[rows], avg_squared_update[rows] = p, a, b

@@ -9,8 +9,8 @@ from fleet.framework.program import OPTIMIZE, Variable, default_startup_program
 from fleet.framework.scope import global_scope
 from fleet.initializer import Constant
 from fleet.regularizer import check_regularizer
-from fleet.rules import (AdagradRule, AdamRule, DecayedAdagradRule, FtrlRule, LambRule, MomentumRule,
-                         RMSPropRule, SGDRule)
+from fleet.rules import (AdadeltaRule, AdagradRule, AdamaxRule, AdamRule, DecayedAdagradRule, FtrlRule,
+                         LambRule, MomentumRule, RMSPropRule, SGDRule)
 
 
 class Optimizer:
@@ -244,6 +244,31 @@ class Lamb(Optimizer):
         return attrs
 
 
+class Adamax(Optimizer):
+    """Adamax (Paddle's AdamaxOptimizer): Adam with the infinity norm of the gradients."""
+
+    type = "adamax"
+
+    def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, regularization=None,
+                 name=None):
+        super().__init__(learning_rate, regularization, name)
+        for label, v in (("beta1", beta1), ("beta2", beta2)):
+            _check_range(f"Adamax {label}", v, 0.0, 1.0)
+        self.rule = AdamaxRule(beta1, beta2, epsilon)
+
+
+class Adadelta(Optimizer):
+    """Adadelta (Paddle 1.x's AdadeltaOptimizer). As in Paddle 1.x, the update op does not
+    use ``learning_rate`` (it must still be given)."""
+
+    type = "adadelta"
+
+    def __init__(self, learning_rate, epsilon=1.0e-6, rho=0.95, regularization=None, name=None):
+        super().__init__(learning_rate, regularization, name)
+        _check_range("Adadelta rho", rho, 0.0, 1.0, high_open=False)
+        self.rule = AdadeltaRule(rho, epsilon)
+
+
 SGDOptimizer = SGD
 MomentumOptimizer = Momentum
 AdagradOptimizer = Adagrad
@@ -252,7 +277,10 @@ FtrlOptimizer = Ftrl
 RMSPropOptimizer = RMSProp
 DecayedAdagradOptimizer = DecayedAdagrad
 LambOptimizer = Lamb
+AdamaxOptimizer = Adamax
+AdadeltaOptimizer = Adadelta
 
 __all__ = ["Optimizer", "SGD", "Momentum", "Adagrad", "Adam", "Ftrl", "RMSProp", "DecayedAdagrad", "Lamb",
-           "SGDOptimizer", "MomentumOptimizer", "AdagradOptimizer", "AdamOptimizer", "FtrlOptimizer",
-           "RMSPropOptimizer", "DecayedAdagradOptimizer", "LambOptimizer"]
+           "Adamax", "Adadelta", "SGDOptimizer", "MomentumOptimizer", "AdagradOptimizer", "AdamOptimizer",
+           "FtrlOptimizer", "RMSPropOptimizer", "DecayedAdagradOptimizer", "LambOptimizer", "AdamaxOptimizer",
+           "AdadeltaOptimizer"]

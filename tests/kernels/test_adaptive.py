@@ -1,4 +1,4 @@
-"""fleet.kernels.adaptive (Ftrl, RMSProp, DecayedAdagrad, Lamb) against its numpy twins and
+"""fleet.kernels.adaptive (Ftrl, RMSProp, DecayedAdagrad, Lamb, Adamax, Adadelta) against its numpy twins and
 against Paddle's formulas written out by hand in float64 for one element."""
 import math
 
@@ -61,6 +61,8 @@ FTRL_SQRT_SCALARS = st.tuples(LR, st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.j
 RMS_SCALARS = st.tuples(LR, RATE, EPS, RATE, st.sampled_from([0, 1]))
 DECAYED_SCALARS = st.tuples(LR, RATE, EPS)
 LAMB_SCALARS = st.tuples(LR, RATE, RATE, EPS, st.floats(0.0, 0.1))
+ADAMAX_SCALARS = st.tuples(LR, RATE, RATE, EPS)
+ADADELTA_SCALARS = st.tuples(RATE, EPS)
 
 CASES = {
     # name: (kernel stem, state arrays, which are non-negative, scalars, bit-exact)
@@ -70,6 +72,8 @@ CASES = {
     "rmsprop": ("rmsprop", 3, (1,), RMS_SCALARS, True),
     "decayed_adagrad": ("decayed_adagrad", 1, (1,), DECAYED_SCALARS, True),
     "lamb": ("lamb", 2, (2,), LAMB_SCALARS, True),
+    "adamax": ("adamax", 2, (2,), ADAMAX_SCALARS, True),
+    "adadelta": ("adadelta", 2, (1, 2), ADADELTA_SCALARS, True),
 }
 
 
@@ -148,6 +152,21 @@ def test_decayed_adagrad_follows_paddles_formula_on_one_element():
     np.testing.assert_allclose([a[0] for a in arrays], [p - lr * g / (math.sqrt(m_out) + eps), m_out], rtol=1e-6)
 
 
+def test_adamax_and_adadelta_follow_paddles_formulas_on_one_element():
+    p, m, u, g, lr_t, b1, b2, eps = 1.0, 0.5, 0.2, -0.4, 0.01, 0.9, 0.999, 1e-8
+    m_out, u_out = b1 * m + (1 - b1) * g, max(abs(g), b2 * u + eps)
+    arrays = [np.array([v], np.float32) for v in (p, m, u)]
+    ad.adamax_dense(*arrays, np.array([g], np.float32), lr_t, b1, b2, eps)
+    np.testing.assert_allclose([a[0] for a in arrays], [p - lr_t * m_out / u_out, m_out, u_out], rtol=1e-6)
+    p, g2, u2, g, rho, eps = 1.0, 0.5, 0.2, 0.4, 0.95, 1e-6
+    g2_out = rho * g2 + (1 - rho) * g * g
+    update = -math.sqrt((u2 + eps) / (g2_out + eps)) * g
+    arrays = [np.array([v], np.float32) for v in (p, g2, u2)]
+    ad.adadelta_dense(*arrays, np.array([g], np.float32), rho, eps)
+    np.testing.assert_allclose([a[0] for a in arrays], [p + update, g2_out, rho * u2 + (1 - rho) * update ** 2],
+                               rtol=1e-6)
+
+
 def test_lamb_scales_the_step_by_the_trust_ratio_over_the_whole_array():
     p = np.array([3.0, 4.0], np.float32)
     g = np.array([0.5, -1.0], np.float32)
@@ -167,7 +186,8 @@ def test_lamb_scales_the_step_by_the_trust_ratio_over_the_whole_array():
 
 @pytest.mark.parametrize("stem, n_state, scalars", [
     ("ftrl", 2, (0.1, 0.0, 0.0, -0.5)), ("rmsprop", 3, (0.1, 0.95, 1e-6, 0.0, 0)),
-    ("decayed_adagrad", 1, (0.1, 0.95, 1e-6)), ("lamb", 2, (0.1, 0.9, 0.999, 1e-6, 0.01))])
+    ("decayed_adagrad", 1, (0.1, 0.95, 1e-6)), ("lamb", 2, (0.1, 0.9, 0.999, 1e-6, 0.01)),
+    ("adamax", 2, (0.1, 0.9, 0.999, 1e-8)), ("adadelta", 2, (0.95, 1e-6))])
 def test_row_kernels_with_no_rows_change_nothing_and_check_the_width(stem, n_state, scalars):
     arrays = [np.full((4, 3), 0.5, np.float32) for _ in range(1 + n_state)]
     kernel = getattr(ad, stem + "_rows")

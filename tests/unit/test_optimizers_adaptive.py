@@ -46,6 +46,18 @@ def _replay(kind, steps, lrs=None, reg=None, **hp):
                 m = hp["decay"] * s.get("m", 0.0) + (1 - hp["decay"]) * g * g
                 s["m"] = m
                 p -= lr * g / (np.sqrt(m) + hp["epsilon"])
+            elif kind == "adamax":
+                b1, b2, eps = hp["beta1"], hp["beta2"], hp["epsilon"]
+                m = b1 * s.get("m", 0.0) + (1 - b1) * g
+                u = np.maximum(np.abs(g), b2 * s.get("u", 0.0) + eps)
+                s["m"], s["u"] = m, u
+                p -= lr / (1 - b1 ** (t + 1)) * m / u
+            elif kind == "adadelta":  # Paddle 1.x's op has no learning rate
+                rho, eps = hp["rho"], hp["epsilon"]
+                g2 = rho * s.get("g2", 0.0) + (1 - rho) * g * g
+                upd = -np.sqrt((s.get("u2", 0.0) + eps) / (g2 + eps)) * g
+                s["g2"], s["u2"] = g2, rho * s.get("u2", 0.0) + (1 - rho) * upd * upd
+                p += upd
             elif kind == "lamb":
                 b1, b2, eps = hp["beta1"], hp["beta2"], hp["epsilon"]
                 wd = 0.0 if name in hp.get("excluded", ()) else hp["weight_decay"]
@@ -80,6 +92,8 @@ def _train(opt, steps, **kw):
     (lambda: optimizer.DecayedAdagrad(0.1, decay=0.9), "decayed_adagrad", dict(lr=0.1, decay=0.9, epsilon=1e-6)),
     (lambda: optimizer.LambOptimizer(0.01, lamb_weight_decay=0.02), "lamb",
      dict(lr=0.01, beta1=0.9, beta2=0.999, epsilon=1e-6, weight_decay=0.02)),
+    (lambda: optimizer.AdamaxOptimizer(0.01, beta1=0.8), "adamax", dict(lr=0.01, beta1=0.8, beta2=0.999, epsilon=1e-8)),
+    (lambda: optimizer.Adadelta(123.0, rho=0.9), "adadelta", dict(lr=None, rho=0.9, epsilon=1e-6)),
     (lambda: optimizer.Lamb(0.01, exclude_from_weight_decay_fn=lambda p: p.name == "b"), "lamb",
      dict(lr=0.01, beta1=0.9, beta2=0.999, epsilon=1e-6, weight_decay=0.01, excluded=("b",))),
 ])
@@ -254,6 +268,7 @@ def test_paddle_names_reach_the_same_objects_through_fleet_fluid():
     import fleet.fluid as fluid
     assert fluid.regularizer.L2DecayRegularizer is regularizer.L2Decay
     assert fluid.regularizer.L1Decay is regularizer.L1DecayRegularizer
-    for name in ("FtrlOptimizer", "RMSPropOptimizer", "DecayedAdagradOptimizer", "LambOptimizer"):
+    for name in ("FtrlOptimizer", "RMSPropOptimizer", "DecayedAdagradOptimizer", "LambOptimizer", "AdamaxOptimizer",
+                 "AdadeltaOptimizer"):
         assert getattr(fluid.optimizer, name) is getattr(optimizer, name[:-len("Optimizer")])
     assert fluid.layers.noam_decay is layers.noam_decay

@@ -58,6 +58,8 @@ OPTIMIZERS = {
     "decayed_adagrad": lambda lr: optimizer.DecayedAdagrad(lr, regularization=regularizer.L1Decay(0.05)),
     "lamb": lambda lr: optimizer.Lamb(lr, exclude_from_weight_decay_fn=lambda p: p.name.startswith("b")),
     "adam_l2": lambda lr: optimizer.Adam(lr, regularization=regularizer.L2Decay(0.2)),
+    "adamax": lambda lr: optimizer.Adamax(lr, regularization=regularizer.L2Decay(0.05)),
+    "adadelta": lambda lr: optimizer.Adadelta(lr, rho=0.9),
 }
 
 
@@ -65,16 +67,6 @@ def _sync_step(cluster, grads):
     for ep, (names, arrays) in cluster.comm.split_grads(grads).items():
         if names:
             cluster.clients[ep].request("sync_push", names, arrays, meta={"pull": []})
-
-
-def _local_state(scope, cluster):
-    out = {}
-    for p in cluster.plan.params.values():
-        out[p.name] = np.array(scope[p.name])
-        rule = next(iter(cluster.servers.values()))
-        for key in cluster_rule(cluster, p.name).row_state_names:
-            out[f"{p.name}_{key}_0"] = np.array(scope[f"{p.name}_{key}_0"])
-    return out
 
 
 def cluster_rule(cluster, name):
@@ -126,6 +118,15 @@ def test_a_sync_job_of_one_worker_equals_local_training_step_by_step(name):
                     got, want = dense[p.name if key == "value" else f"{p.name}_{key}_0"], local
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6,
                                            err_msg=f"{name}: {p.name} {key} after step {step}")
+            rule = cluster_rule(cluster, p.name)
+            for key in (k for k in rule.state_names if k not in rule.row_state_names):  # Adamax's beta1_pow
+                local = scope[f"{p.name}_{key}_0"]
+                if p.name == "dtable":
+                    per = [ps.shards["dtable"][1].state_dict()[f"state.{key}"] for ps in cluster.servers.values()]
+                else:
+                    per = list(dense[f"{p.name}_{key}_0@per_block"].values())
+                for value in per:
+                    np.testing.assert_allclose(value, local, rtol=1e-12, err_msg=f"{p.name} {key}")
         for ps in cluster.servers.values():
             assert ps.lr_step == step == int(scope["@LR_DECAY_COUNTER@"][0])
 

@@ -41,7 +41,8 @@ class _OptimizerOp(OpDef):
             rule.apply_dense(param, grad, state, lr)
 
 
-for _type in ("sgd", "momentum", "adagrad", "adam", "ftrl", "rmsprop", "decayed_adagrad", "lamb"):
+for _type in ("sgd", "momentum", "adagrad", "adam", "ftrl", "rmsprop", "decayed_adagrad", "lamb", "adamax",
+              "adadelta"):
     register_op(type(f"{_type.title().replace('_', '')}Op", (_OptimizerOp,), {"type": _type}))
 
 
