@@ -18,7 +18,9 @@ are evaluated here from this server's own step counter, as Paddle's pserver runs
 schedule's ops: the counter starts at the plan's ``lr_begin - 1`` and steps once per
 applied update (sync: once per step of all workers; async / half-async: once per push
 applied, or per merged group of ``merge_pushes``); GEO workers evaluate it themselves.
-``lr_step`` answers the counter (checkpoints save it).
+``lr_step`` answers the counter (checkpoints save it). In async mode this differs from
+Paddle 1.x's pserver, which runs the schedule's block once at start (``RunAsyncLoop``
+runs block 1 only when no gradient is bound to it), so its rate stays at the first value.
 
 Checkpoints (``fleet.server.checkpoint``): ``pull_state`` answers rows of blocks with
 their optimizer state, ``pull_shard`` reads a distributed table out chunk by chunk, and

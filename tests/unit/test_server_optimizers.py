@@ -181,3 +181,20 @@ def test_servers_refuse_a_rate_computed_by_other_ops_with_the_fix():
         optimizer.SGD(lr).minimize(loss)
     with pytest.raises(ConfigError, match="computed by op 'scale'.*pass the schedule's Variable"):
         build_plan(main, DistributedStrategyFactory.create_async_strategy(), endpoints(1), 1)
+
+
+def test_merged_async_pushes_step_the_schedule_once_per_merged_update():
+    from fake_cluster import FakeClient, startup_values
+    from fleet.server.parameter_server import ParameterServer
+
+    main, startup = _program(lambda lr: optimizer.SGD(lr))
+    plan = build_plan(main, DistributedStrategyFactory.create_async_strategy(), endpoints(1), 2)
+    ps = ParameterServer(plan.server_endpoints[0], plan, startup_values(startup), merge_pushes=2)
+    clients = [FakeClient(ps, worker) for worker in (0, 1)]
+    b2 = plan.params["b2"]
+    before = ps.blocks["b2"][2].pull().copy()
+    for round_ in range(2):
+        for client in clients:  # two pushes make one update with their mean gradient
+            client.request("push", ["b2"], [np.full(1, 2.0, np.float32)])
+        assert ps.lr_step == round_
+    np.testing.assert_allclose(ps.blocks["b2"][2].pull(), before - 2.0 * (0.05 + 0.05 * 0.5 ** 0.5), rtol=1e-6)
