@@ -176,8 +176,16 @@ def _check_range(label, value, low, high, high_open=True):
 
 
 class Ftrl(Optimizer):
-    """FTRL-Proximal (Paddle's FtrlOptimizer): l1 / l2 penalties, ``lr_power`` the rate's
-    power (-0.5: 1/sqrt of the summed squared gradients)."""
+    """FTRL-Proximal (Paddle's FtrlOptimizer).
+
+    Args:
+        learning_rate, regularization, name: as ``Optimizer``.
+        l1, l2: the L1 / L2 penalties (>= 0). lr_power: the power of the summed squared
+            gradients in the per-coordinate rate (-0.5: 1 / sqrt).
+
+    Raises:
+        ConfigError: a negative penalty (named).
+    """
 
     type = "ftrl"
 
@@ -189,8 +197,16 @@ class Ftrl(Optimizer):
 
 
 class RMSProp(Optimizer):
-    """RMSProp (Paddle's RMSPropOptimizer): ``rho`` decays the mean square, ``momentum``
-    the step; ``centered`` also subtracts the squared mean gradient."""
+    """RMSProp (Paddle's RMSPropOptimizer).
+
+    Args:
+        learning_rate, regularization, name: as ``Optimizer``.
+        rho: decay of the mean square (the op's ``decay``). epsilon: added under the root.
+        momentum: decay of the step. centered: also subtract the squared mean gradient.
+
+    Raises:
+        ConfigError: rho or momentum outside [0, 1], a negative epsilon (named).
+    """
 
     type = "rmsprop"
 
@@ -205,7 +221,15 @@ class RMSProp(Optimizer):
 
 class DecayedAdagrad(Optimizer):
     """Adagrad whose squared-gradient sum decays by ``decay`` each step (Paddle's
-    DecayedAdagradOptimizer)."""
+    DecayedAdagradOptimizer).
+
+    Args:
+        learning_rate, regularization, name: as ``Optimizer``. decay: in [0, 1].
+        epsilon: added to the root.
+
+    Raises:
+        ConfigError: decay outside [0, 1] (named).
+    """
 
     type = "decayed_adagrad"
 
@@ -220,8 +244,14 @@ class Lamb(Optimizer):
     ``lamb_weight_decay * param``, the step scaled by ``||param|| / ||update||``.
 
     Args:
+        learning_rate, regularization, name: as ``Optimizer``.
+        lamb_weight_decay: the decay added to the update. beta1, beta2: in [0, 1).
+        epsilon: added to the root.
         exclude_from_weight_decay_fn: a function of a Parameter; True gives it no
             lamb weight decay.
+
+    Raises:
+        ConfigError: a beta outside [0, 1) or an exclude function that is not callable.
     """
 
     type = "lamb"
@@ -245,7 +275,15 @@ class Lamb(Optimizer):
 
 
 class Adamax(Optimizer):
-    """Adamax (Paddle's AdamaxOptimizer): Adam with the infinity norm of the gradients."""
+    """Adamax (Paddle's AdamaxOptimizer): Adam with the infinity norm of the gradients.
+
+    Args:
+        learning_rate, regularization, name: as ``Optimizer``. beta1, beta2: in [0, 1).
+        epsilon: added to the infinity norm.
+
+    Raises:
+        ConfigError: a beta outside [0, 1) (named).
+    """
 
     type = "adamax"
 
@@ -259,7 +297,15 @@ class Adamax(Optimizer):
 
 class Adadelta(Optimizer):
     """Adadelta (Paddle 1.x's AdadeltaOptimizer). As in Paddle 1.x, the update op does not
-    use ``learning_rate`` (it must still be given)."""
+    use ``learning_rate`` (it must still be given).
+
+    Args:
+        learning_rate, regularization, name: as ``Optimizer``. epsilon: added in both
+            roots. rho: decay of both averages, in [0, 1].
+
+    Raises:
+        ConfigError: rho outside [0, 1] (named).
+    """
 
     type = "adadelta"
 
