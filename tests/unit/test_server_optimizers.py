@@ -1,8 +1,9 @@
 """Servers apply the new optimizers, regularizers and learning-rate schedules exactly as
 local training does: a sync job of one worker (servers in this process, see
 tests/unit/fake_cluster.py) fed the gradients of a local run ends every step with the
-local run's parameters and optimizer state; async servers step the schedule per push;
-checkpoints keep each server's counter."""
+local run's parameters and optimizer state; async servers step the schedule per push
+(each schedule at its closed-form value) or per merged update; checkpoints keep each
+server's counter."""
 import numpy as np
 import pytest
 
@@ -17,6 +18,7 @@ from fleet.runtime import write_server_lr_steps, write_server_params
 from fleet.transpiler.plan import build_plan
 from strategies import DistributedStrategyFactory
 from fake_cluster import Cluster, endpoints
+from test_optimizers_adaptive import SCHEDULES, _closed_form
 
 VOCAB, TABLE = 30, 12
 
@@ -198,3 +200,47 @@ def test_merged_async_pushes_step_the_schedule_once_per_merged_update():
             client.request("push", ["b2"], [np.full(1, 2.0, np.float32)])
         assert ps.lr_step == round_
     np.testing.assert_allclose(ps.blocks["b2"][2].pull(), before - 2.0 * (0.05 + 0.05 * 0.5 ** 0.5), rtol=1e-6)
+
+
+def _schedule_program(kind, args):
+    fw.unique_name.reset()
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        x = layers.data("x", shape=[2])
+        loss = layers.mean(layers.fc(x, 1, param_attr="w", bias_attr="b"))
+        optimizer.SGD(getattr(layers, kind)(**args)).minimize(loss)
+    return main, startup
+
+
+@pytest.mark.parametrize("kind, args", SCHEDULES, ids=[f"{k}-{i}" for i, (k, _) in enumerate(SCHEDULES)])
+def test_a_server_applies_each_schedule_at_its_closed_form_value_step_by_step(kind, args):
+    main, startup = _schedule_program(kind, args)
+    cluster = Cluster(main, startup, DistributedStrategyFactory.create_async_strategy(), 1)
+    begin = 1 if kind == "noam_decay" else 0
+    assert cluster.plan.lr_begin == begin
+    table = cluster.servers[cluster.plan.server_endpoints[0]].blocks["b"][2]
+    for t in range(begin, begin + 8):
+        before = table.pull().astype(np.float64)
+        cluster.push({cluster.plan.params["b"].grad: np.ones(1, np.float32)})  # SGD: b -= lr
+        np.testing.assert_allclose(before - table.pull(), [_closed_form(kind, t, **args)], rtol=2e-5, atol=1e-9,
+                                   err_msg=f"step {t}")
+
+
+def test_a_server_evaluates_warmup_over_another_schedule():
+    fw.unique_name.reset()
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        x = layers.data("x", shape=[2])
+        loss = layers.mean(layers.fc(x, 1, param_attr="w", bias_attr="b"))
+        inner = layers.exponential_decay(0.1, 2, 0.5, staircase=True)
+        optimizer.SGD(layers.linear_lr_warmup(inner, 3, 0.0, 0.3)).minimize(loss)
+    cluster = Cluster(main, startup, DistributedStrategyFactory.create_async_strategy(), 1)
+    spec = cluster.plan.params["b"].lr_schedule
+    assert spec["kind"] == "linear_lr_warmup" and spec["learning_rate"]["kind"] == "exponential_decay"
+    table = cluster.servers[cluster.plan.server_endpoints[0]].blocks["b"][2]
+    seen = []
+    for _ in range(6):
+        before = float(table.pull()[0])
+        cluster.push({cluster.plan.params["b"].grad: np.ones(1, np.float32)})
+        seen.append(before - float(table.pull()[0]))
+    np.testing.assert_allclose(seen, [0.0, 0.1, 0.2, 0.1 * 0.5, 0.1 * 0.25, 0.1 * 0.25], rtol=2e-5, atol=1e-8)
