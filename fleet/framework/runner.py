@@ -18,6 +18,12 @@ _NP_DTYPES = {"float32": np.float32, "int64": np.int64, "float64": np.float64,
               "int32": np.int32, "bool": np.bool_}
 
 
+# The phases of a step. Schedule ops (the learning-rate counter's increment and the
+# schedule) run once per update, like the optimizer ops, but before the compute ops read
+# the rate: when threads split a batch, the lead runs them first, then the others compute.
+COMPUTE, OPTIMIZE_PHASE, SCHEDULE = 0, 1, 2
+
+
 class Plan:
     """A program prepared for running: the op methods in order, split by role."""
 
@@ -26,14 +32,16 @@ class Plan:
         ops = passes.optimize_for_execution(program)
         self.persistable = frozenset(n for n, v in block.vars.items() if v.persistable)
         self.data_vars = {n: v for n, v in block.vars.items() if v.is_data}
-        self.steps = []  # (method, op, is_optimize)
+        self.steps = []  # (method, op, phase): COMPUTE, OPTIMIZE or SCHEDULE
         for op in ops:
             opdef = get_op_def(op.type)
             is_grad = op.type.endswith("_grad") and not has_op(op.type)
             method = opdef.backward if is_grad else opdef.forward
-            # schedule ops step with the update: once per batch also when threads split it
-            self.steps.append((method, op, op.attr("op_role") in (OPTIMIZE, LRSCHED)))
-        self.grad_names = [op.input("Grad")[0] for _, op, opt in self.steps if opt and op.input("Grad")]
+            role = op.attr("op_role")
+            phase = SCHEDULE if role == LRSCHED else OPTIMIZE_PHASE if role == OPTIMIZE else COMPUTE
+            self.steps.append((method, op, phase))
+        self.grad_names = [op.input("Grad")[0] for _, op, phase in self.steps
+                           if phase == OPTIMIZE_PHASE and op.input("Grad")]
 
 
 class Runner:
@@ -46,12 +54,15 @@ class Runner:
         # Set by the dataset trainer on the runners of one batch split across Reduce
         # threads (metric ops count the parts as one step); None otherwise.
         self.step_group = None
-        self.contexts = [(m, OpContext(op, self.local, scope, plan.persistable, self), opt)
-                         for m, op, opt in plan.steps]
+        self.contexts = [(m, OpContext(op, self.local, scope, plan.persistable, self), phase)
+                         for m, op, phase in plan.steps]
 
-    def run(self, optimize=True, compute=True):
-        for method, ctx, is_opt in self.contexts:
-            if (optimize if is_opt else compute):
+    def run(self, optimize=True, compute=True, schedule=None):
+        """Runs the ops of the chosen phases in program order; ``schedule`` (the
+        learning-rate ops) defaults to ``optimize``."""
+        wanted = (compute, optimize, optimize if schedule is None else schedule)
+        for method, ctx, phase in self.contexts:
+            if wanted[phase]:
                 method(ctx)
 
     def value(self, name):

@@ -209,14 +209,15 @@ class DatasetTrainer:
                 def compute(pair):
                     runner, batch = pair
                     n = self._feed(runner, batch)
-                    runner.run(optimize=False)
+                    runner.run(optimize=False, schedule=False)
                     return n
 
+                lead = active[0]
+                lead.run(optimize=False, compute=False, schedule=True)  # the rate, once per update
                 if self.serial:
                     sizes = [compute(pair) for pair in zip(active, batches)]
                 else:
                     sizes = list(pool.map(compute, zip(active, batches)))
-                lead = active[0]
                 # A split batch's parts are weighted by their share of its examples, so the
                 # update is the whole batch's mean gradient (as one thread computes it).
                 shares = [n / sum(sizes) for n in sizes] if self.split else None
@@ -228,7 +229,7 @@ class DatasetTrainer:
                         lead.local[name] = reduce_gradients([v for v, _ in got], weights=weights)
                     elif got:
                         lead.local[name] = got[0][0]
-                lead.run(compute=False)
+                lead.run(compute=False, schedule=False)
                 if self.split:
                     self._record(lead, sum(sizes))
                 else:

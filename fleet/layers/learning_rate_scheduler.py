@@ -49,6 +49,9 @@ def _schedule(kind, begin=0, **args):
     block = main_block()
     out = block.create_var(unique_name.generate(kind), shape=(1,), dtype="float32", persistable=True,
                            stop_gradient=True)
+    # a global variable (as Paddle's create_global_var): every thread's scope sees the
+    # rate the schedule op writes, from the startup program on
+    Constant(0.0)(out, default_startup_program().global_block())
     block.append_op("lr_schedule", inputs=inputs, outputs={"Out": [out.name]},
                     attrs={"spec": spec, "op_role": LRSCHED})
     return out

@@ -243,9 +243,10 @@ def test_linear_lr_warmup_over_a_piecewise_schedule_and_get_lr():
         opt = optimizer.Adam(lr)
         opt.minimize(loss)
     exe = fw.Executor()
-    exe.run(startup)
     with pytest.raises(ConfigError, match="has no value yet"):
         opt.get_lr()
+    exe.run(startup)
+    assert opt.get_lr() == 0.0  # a global variable, 0 until the first step (as Paddle's)
     got = []
     for _ in range(8):
         exe.run(main, feed={"x": np.ones((2, 3), np.float32)})
