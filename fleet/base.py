@@ -21,12 +21,15 @@ from fleet.framework.executor import Executor
 from fleet.framework.inference import inference_program, load_inference_model, save_inference_model
 from fleet.framework.program import Program, default_main_program, default_startup_program
 from fleet.framework.scope import global_scope
+from fleet.logs import install_default_handler
 from fleet.optimizer import Optimizer
 from role_makers import PaddleCloudRoleMaker, RoleMakerBase
 from strategies import (DistributeTranspilerConfig, check_strategy,
                         strategy_from_config, DistributedStrategyFactory)
 
 log = logging.getLogger("fleet")
+
+SAVE_UNTRAINED_ENV = "FLEET_SAVE_UNTRAINED"
 
 
 class Fleet:
@@ -60,6 +63,7 @@ class Fleet:
             role_maker = PaddleCloudRoleMaker()
         if not isinstance(role_maker, RoleMakerBase):
             raise TypeError("role_maker must be an instance of RoleMakerBase")
+        install_default_handler()  # fleet's INFO messages reach stderr unless logging is configured
         role_maker.generate_role()
         self._role_maker = role_maker
         self._is_initialized = True
@@ -268,10 +272,47 @@ class Fleet:
         """
         return self._save_persistables(executor, dirname, main_program, None, filename)
 
+    def _check_trained(self, what):
+        """Refuses a save of parameters nothing trained or loaded (they would be the
+        initial values: the mark of a job that read no data).
+
+        Fine when this process trained an example into the global scope (``exe.run`` of a
+        training program, ``train_from_dataset``) or loaded values into it
+        (``load_persistables``, ``load_checkpoint``, ``load_inference_model``); on a
+        distributed worker also when the servers applied an update (from any worker) or
+        loaded a checkpoint; and always with FLEET_SAVE_UNTRAINED=1.
+
+        Raises:
+            ConfigError: none of these holds (names the process and the way out).
+        """
+        scope = global_scope()
+        if scope.trained_examples or scope.loaded_from is not None:
+            return
+        flag = os.environ.get(SAVE_UNTRAINED_ENV, "0").strip()
+        if flag not in ("0", "1", ""):
+            raise ConfigError(f"{SAVE_UNTRAINED_ENV}={flag!r} must be 0 or 1 (1: allow saving parameters "
+                              f"that nothing trained or loaded)")
+        if flag == "1":
+            return
+        job = ""
+        if self._runtime is not None and hasattr(self._runtime, "job_progress"):
+            updates, loaded = self._runtime.job_progress(what)
+            if updates or loaded:
+                return
+            job = (f"worker {self.worker_index()} of {self.worker_num()}: ", ", the servers applied no update "
+                   "from any worker and loaded no checkpoint (fleet.init_server(dirname))")
+        who, servers = job or ("", "")
+        raise ConfigError(
+            f"{who}fleet.{what}() refused: this process trained no example (no exe.run of a training program "
+            f"or train_from_dataset pass ran one) and loaded no model{servers}, so the save would hold the "
+            f"initial parameters as if they were a trained model. Check that this process got data; to save "
+            f"untrained parameters on purpose, set {SAVE_UNTRAINED_ENV}=1")
+
     def _save_persistables(self, executor, dirname, main_program, extra, filename=None):
         self._check_executor(executor, "save_persistables")
         program = main_program or self.main_program or default_main_program()
         self._check_program(program, "save_persistables")
+        self._check_trained("save_checkpoint" if (extra or {}).get("kind") == "checkpoint" else "save_persistables")
         meta = {"kind": "persistables", "save_id": uuid.uuid4().hex}
         meta.update(extra or {})
         if self._runtime is not None and hasattr(self._runtime, "save_persistables"):
@@ -309,6 +350,7 @@ class Fleet:
         program = main_program or self.main_program or default_main_program()
         self._check_program(program, "load_persistables")
         check_saved_filename(dirname, filename)
+        global_scope().loaded_from = os.path.abspath(dirname)
         if self._runtime is not None and hasattr(self._runtime, "load_persistables"):
             return self._runtime.load_persistables(dirname, program)
         names = self._persistable_names(program)
@@ -376,9 +418,11 @@ class Fleet:
         if main_program is not None:
             self._check_program(main_program, "save_inference_model")
         program = main_program or self._origin_program or default_main_program()
+        pruned, feeds, fetches = inference_program(program, feeded_var_names, target_vars,
+                                                   export_for_deployment)  # checks the arguments first
+        if not program_only:
+            self._check_trained("save_inference_model")
         if self._runtime is not None and hasattr(self._runtime, "save_inference_model"):
-            pruned, feeds, fetches = inference_program(program, feeded_var_names, target_vars,
-                                                       export_for_deployment)
             return self._runtime.save_inference_model(dirname, pruned, feeds, fetches, model_filename,
                                                       params_filename, program_only)
         save_inference_model(dirname, feeded_var_names, target_vars, program,
@@ -405,7 +449,9 @@ class Fleet:
         """
         if executor is not None:
             self._check_executor(executor, "load_inference_model")
-        return load_inference_model(dirname, executor, model_filename, params_filename)
+        loaded = load_inference_model(dirname, executor, model_filename, params_filename)
+        global_scope().loaded_from = os.path.abspath(dirname)
+        return loaded
 
 
 def check_saved_filename(dirname, filename):

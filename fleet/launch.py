@@ -29,6 +29,7 @@ import threading
 import time
 
 from fleet.errors import ConfigError, FleetError
+from fleet.logs import WaitLog, wait_log_ms
 
 EXIT_OK = 0
 EXIT_PROCESS_FAILED = 1
@@ -46,6 +47,9 @@ STALE_VARIABLES = ("PADDLE_TRAINING_ROLE", "PADDLE_CURRENT_ENDPOINT", "PADDLE_PS
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 _POLL_SECONDS = 0.05
+# After the first failure, how long the others may take to exit by themselves (see the
+# LaunchConfig docstring for why 3 s and not the heartbeat timeout).
+DEFAULT_FAILURE_GRACE = 3.0
 _TAIL_LINES = 20
 _REAP_SECONDS = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -81,16 +85,23 @@ how a job ends:
   When every worker has exited 0, the servers get --server_exit_timeout seconds to exit
   by themselves (they do once every worker has called fleet.stop_worker()); any still
   running then are terminated, and fleetrun says so and exits 0.
-  When a process exits non-zero or is killed by a signal, fleetrun reports the first one
-  (by time of exit) as the root cause: role, index, pid, exit code or signal, the error
-  its log ends with and the last 20 lines of the log. The others then get
-  --failure_grace seconds to exit by themselves (they do once heartbeats tell them a
-  server or worker is gone, so their logs say what they saw); those still running are
-  stopped (SIGTERM to each process group, SIGKILL after --kill_timeout). Failures after
-  the root cause are listed as such, never as the cause. fleetrun exits 1.
+  When a process exits non-zero or is killed by a signal, fleetrun sees it at once and
+  reports the first one (by time of exit) as the root cause: role, index, pid, exit
+  code or signal, the error its log ends with and the last 20 lines of the log. The
+  others then get --failure_grace seconds (default 3) to exit by themselves (a worker
+  whose training failed tells the servers, and every process of the job then stops
+  within about a heartbeat, its log saying what it saw); those still running are
+  stopped (SIGTERM to each process group, SIGKILL after --kill_timeout), so survivors do
+  not go on training and saving checkpoints. Failures after the root cause are listed
+  as such, never as the cause. fleetrun exits 1.
   Ctrl-C or SIGTERM to fleetrun stops everything it started the same way (at once).
   Each process is stopped with its whole process group, so what it started goes too;
   on Linux, if fleetrun itself is killed (even by SIGKILL) its processes get SIGKILL.
+  Last, fleetrun prints how every process ended, one line each: role, index, pid (and
+  endpoint for a server), then "exited 0", "exited with code N", "was killed by SIGNAL"
+  or "stopped by fleetrun (SIGTERM) after <why>", with the error its log ends with.
+  A wait of fleetrun's own (servers lingering, the others after a failure) that lasts
+  FLEET_WAIT_LOG_MS (default 5000 ms) says what it waits for, then again as it doubles.
 
 exit codes:
   0              every worker exited 0
@@ -124,8 +135,10 @@ class LaunchConfig:
         timeout: seconds the whole job may run, or None for no limit.
         failure_grace: seconds the other processes may take to exit by themselves after
             the first failure before they are stopped; 0 stops them at once. None (the
-            default) means FLEET_HEARTBEAT_TIMEOUT_MS plus 5 s, enough for heartbeats to
-            tell every process of the failure.
+            default) means DEFAULT_FAILURE_GRACE (3 s): long enough for processes told of
+            a reported failure to exit saying what they saw, short enough that survivors
+            of a silent death (SIGKILL, noticed by heartbeats only after
+            FLEET_HEARTBEAT_TIMEOUT_MS) do not go on training and saving meanwhile.
 
     Raises:
         ConfigError: a value is malformed; the message names it and the fix.
@@ -167,7 +180,7 @@ class LaunchConfig:
                 raise ConfigError(f"{name} {value!r} (--{name}) must be a positive number "
                                   "of seconds")
         if self.failure_grace is None:
-            object.__setattr__(self, "failure_grace", default_failure_grace())
+            object.__setattr__(self, "failure_grace", DEFAULT_FAILURE_GRACE)
         grace = self.failure_grace
         if not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
             raise ConfigError(f"failure_grace {grace!r} (--failure_grace) must be a number of "
@@ -177,18 +190,6 @@ class LaunchConfig:
     def is_local(self) -> bool:
         """True when no servers are configured: one plain process, local training."""
         return not self.server_endpoints
-
-
-def default_failure_grace() -> float:
-    """FLEET_HEARTBEAT_TIMEOUT_MS in seconds plus 5: how long processes need to learn of
-    a failure from heartbeats and exit.
-
-    Raises:
-        ConfigError: the heartbeat variables are malformed (as every process would find).
-    """
-    from fleet.transport.settings import heartbeat_timeout_ms  # imports zmq: only when needed
-
-    return heartbeat_timeout_ms() / 1000.0 + 5.0
 
 
 def parse_endpoint(text: str, what: str) -> tuple[str, int]:
@@ -298,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--failure_grace", type=float, metavar="SECONDS",
                    help="after a process fails, how long the others may take to exit by "
                         "themselves before they are stopped, so their logs say what they saw "
-                        "(default: FLEET_HEARTBEAT_TIMEOUT_MS + 5 s, i.e. 20; 0: at once)")
+                        f"(default: {DEFAULT_FAILURE_GRACE:g}; 0: at once)")
     p.add_argument("training_script", help="the Python script every process runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER,
                    help="arguments given to the script")
@@ -436,6 +437,7 @@ def _say(message):
 
 
 def _check_ready(config):
+    wait_log_ms()  # a malformed FLEET_WAIT_LOG_MS is a usage error now, not a crash mid-job
     if not os.path.isfile(config.training_script):
         raise ConfigError(f"training script {config.training_script!r} is not a file (looked "
                           f"from {os.getcwd()}); give the path of the Python script to run")
@@ -516,13 +518,17 @@ class _Child:
     millisecond), not when the launcher next looked: the first failure is the first by time.
     """
 
-    def __init__(self, role, index, popen, log_path):
+    def __init__(self, role, index, popen, log_path, endpoint=None, exited=None):
         self.role = role
         self.index = index
         self.popen = popen
         self.log_path = log_path
+        self.endpoint = endpoint
         self.exit_time = None        # time.monotonic() of its exit, once it exited
         self.stopped_by_us = False   # its exit is the launcher's doing, not a failure
+        self.stop_signal = None      # the last signal the launcher sent it ("SIGTERM", "SIGKILL")
+        self.stop_reason = None      # why the launcher stopped it, e.g. "worker 1's failure"
+        self._exited = exited        # a threading.Event the job loop waits on
         self._waiter = threading.Thread(target=self._wait, name=f"fleetrun-wait {self.name}",
                                         daemon=True)
         self._waiter.start()
@@ -530,6 +536,8 @@ class _Child:
     def _wait(self):
         self.popen.wait()
         self.exit_time = time.monotonic()
+        if self._exited is not None:
+            self._exited.set()  # the job loop sees the exit now, not at its next look
 
     @property
     def name(self):
@@ -557,16 +565,34 @@ class _Child:
         if code is None:
             return "is still running"
         if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"was killed by {name}"
+            return f"was killed by {_signal_name(-code)}"
         return f"exited with code {code}"
 
     def error_line(self):
         """The error the log ends with (a Python exception's last traceback line), or ''."""
         return _last_error(_tail(self.log_path, _TAIL_LINES))
+
+    def describe_end(self, cause=None):
+        """How it ended, for the final report: "exited 0", "exited with code 3 (the root
+        cause)", "stopped by fleetrun (SIGTERM) after worker 1's failure", ..."""
+        code = self.returncode
+        if code is None:
+            return "is still running (it did not die after SIGKILL)"
+        if self.stopped_by_us:
+            sent = self.stop_signal or "SIGTERM"
+            why = f" after {self.stop_reason}" if self.stop_reason else ""
+            if code < 0 and _signal_name(-code) == sent:
+                return f"stopped by fleetrun ({sent}){why}"
+            return f"{self.describe_exit()} when fleetrun stopped it ({sent}){why}"
+        if code == 0:
+            return "exited 0"
+        text = self.describe_exit()
+        if cause is self:
+            return text + " (the root cause)"
+        if cause is not None and cause.exit_time is not None and self.exit_time is not None:
+            text += f" {self.exit_time - cause.exit_time:.1f} s after {cause.name}"
+        error = self.error_line()
+        return text + (f": {error}" if error else "")
 
 
 class _LogStreamer(threading.Thread):
@@ -621,6 +647,8 @@ class _Job:
         self.config = config
         self.signals = signals
         self.children = []
+        self.exited = threading.Event()  # set by a child's waiter thread when it exits
+        self.cause = None                # the first process to fail, once one did
 
     def run(self):
         streamer = None
@@ -632,10 +660,20 @@ class _Job:
                 streamer.start()
             return self._watch()
         finally:
-            self._stop(self._running())
+            self._stop(self._running(), "fleetrun ended")
             self._kill_leftover_groups()
             if streamer is not None:
                 streamer.finish(timeout=5.0)
+            self._report_every_end()
+
+    def _report_every_end(self):
+        if not self.children:
+            return
+        _say("how each process ended:")
+        for ch in self.children:
+            where = f", {ch.endpoint}" if ch.role == "server" and ch.endpoint else ""
+            print(f"    {ch.name} (pid {ch.popen.pid}{where}): {ch.describe_end(self.cause)}",
+                  file=sys.stderr, flush=True)
 
     # -- starting ----------------------------------------------------------------------
     def _start_all(self):
@@ -657,7 +695,10 @@ class _Job:
                 except OSError as e:
                     raise FleetError(f"could not start {role} {index} ({' '.join(command)}): "
                                      f"{e}") from e
-            self.children.append(_Child(role, index, popen, log_path))
+            endpoints = c.server_endpoints if role == "server" else c.worker_endpoints
+            self.children.append(_Child(role, index, popen, log_path,
+                                        endpoints[index] if index < len(endpoints) else None,
+                                        self.exited))
         if c.is_local:
             _say(f"started {c.training_script} for local training (no servers); "
                  f"log in {self.children[0].log_path}")
@@ -671,6 +712,7 @@ class _Job:
         c = self.config
         started = time.monotonic()
         servers_deadline = None
+        servers_wait = None
         while True:
             now = time.monotonic()
             if self.signals.received:
@@ -692,17 +734,24 @@ class _Job:
                     return EXIT_OK
                 if servers_deadline is None:
                     servers_deadline = now + c.server_exit_timeout
+                    servers_wait = WaitLog(
+                        f"{', '.join(ch.name for ch in servers)} to exit by "
+                        f"{'itself' if len(servers) == 1 else 'themselves'} (every worker exited 0)", limit=f"terminating {'it' if len(servers) == 1 else 'them'} after "
+                        f"--server_exit_timeout {c.server_exit_timeout:g} s", logger=_SAY_LOGGER)
                 elif now >= servers_deadline:
                     return self._on_servers_lingering(servers)
+                servers_wait.tick()
             if c.timeout is not None and now - started >= c.timeout:
                 return self._on_timeout()
-            time.sleep(_POLL_SECONDS)
+            self.exited.wait(_POLL_SECONDS)
+            self.exited.clear()
 
     def _running(self):
         return [ch for ch in self.children if ch.returncode is None]
 
     # -- ending ------------------------------------------------------------------------
     def _on_failure(self, first):
+        self.cause = first
         lines = _tail(first.log_path, _TAIL_LINES)
         cause = f"the root cause: {first.label} {first.describe_exit()}, the first process to fail"
         if lines:
@@ -712,7 +761,7 @@ class _Job:
         for line in lines:
             print(f"    | {line}", file=sys.stderr)
         self._wait_for_the_others(first)
-        self._stop_with_notice("the others")
+        self._stop_with_notice("the others", f"{first.name}'s failure")
         later = sorted((ch for ch in self.children if ch is not first and ch.failed()),
                        key=lambda ch: ch.exit_time)
         if later:
@@ -735,43 +784,51 @@ class _Job:
         _say(f"waiting up to {grace:g} s (--failure_grace) for {', '.join(ch.name for ch in running)} "
              f"to exit by themselves; Ctrl-C stops {'it' if len(running) == 1 else 'them'} now")
         deadline = first.exit_time + grace
+        wait = WaitLog(", ".join(ch.name for ch in running)
+                       + (" to exit by itself" if len(running) == 1 else " to exit by themselves"),
+                       limit=f"stopping them {grace:g} s after the failure (--failure_grace)",
+                       logger=_SAY_LOGGER)
         while self._running() and time.monotonic() < deadline and not self.signals.received:
-            time.sleep(_POLL_SECONDS)
+            wait.tick(", ".join(ch.name for ch in self._running()) + " still running")
+            self.exited.wait(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            self.exited.clear()
 
     def _on_servers_lingering(self, servers):
         names = ", ".join(ch.name for ch in servers)
         _say(f"every worker exited 0, but {names} did not exit within --server_exit_timeout "
              f"{self.config.server_exit_timeout:g} s (does every worker call "
              f"fleet.stop_worker()?); terminating {'it' if len(servers) == 1 else 'them'}")
-        self._stop(servers)
+        self._stop(servers, "every worker exited 0 (--server_exit_timeout)")
         _say("done: every worker exited 0")
         return EXIT_OK
 
     def _on_timeout(self):
         _say(f"the job did not finish within --timeout {self.config.timeout:g} s")
-        self._stop_with_notice("every process still running")
+        self._stop_with_notice("every process still running", f"--timeout {self.config.timeout:g} s")
         _say(f"exit {EXIT_TIMEOUT}: timed out")
         return EXIT_TIMEOUT
 
     def _on_signal(self, signum):
         _say(f"received {signal.Signals(signum).name}")
-        self._stop_with_notice("every process still running")
+        self._stop_with_notice("every process still running", f"fleetrun got {signal.Signals(signum).name}")
         return 128 + signum
 
-    def _stop_with_notice(self, who):
+    def _stop_with_notice(self, who, reason):
         running = self._running()
         if running:
             _say(f"stopping {who}: {', '.join(ch.name for ch in running)} (SIGTERM, then "
                  f"SIGKILL after {self.config.kill_timeout:g} s)")
-            self._stop(running)
+            self._stop(running, reason)
 
-    def _stop(self, children):
+    def _stop(self, children, reason):
         """SIGTERM each child's process group, SIGKILL what is left after kill_timeout.
 
         Blocks up to kill_timeout + _REAP_SECONDS.
         """
         for ch in children:
             ch.stopped_by_us = True
+            ch.stop_reason = ch.stop_reason or reason
+            ch.stop_signal = "SIGTERM"
             _signal_group(ch.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.kill_timeout
         while (any(ch.returncode is None for ch in children)
@@ -779,6 +836,7 @@ class _Job:
             time.sleep(_POLL_SECONDS)
         for ch in children:
             if ch.returncode is None:
+                ch.stop_signal = "SIGKILL"
                 _signal_group(ch.popen.pid, signal.SIGKILL)
         for ch in children:
             if not ch.wait(_REAP_SECONDS):
@@ -791,6 +849,24 @@ class _Job:
         for ch in self.children:
             if ch.returncode is not None and not _pid_exists(ch.popen.pid):
                 _signal_group(ch.popen.pid, signal.SIGKILL)
+
+
+class _SayLogger:
+    """A logger-like sink for WaitLog: fleetrun's own messages go to stderr via _say."""
+
+    @staticmethod
+    def info(fmt, *args):
+        _say(fmt % args)
+
+
+_SAY_LOGGER = _SayLogger()
+
+
+def _signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _plural(count, noun):

@@ -12,20 +12,24 @@ FLEET_HEARTBEAT_TIMEOUT_MS); ``run_server`` serves with the handler in a thread 
 own (heartbeats are answered even while a handler is busy) and fails workers whose
 heartbeats stop (``ParameterServer.check_liveness``).
 """
+import atexit
 import logging
+import sys
 import threading
 import time
 import uuid
+import weakref
 
 import numpy as np
 
 from fleet.communicator import make_communicator
-from fleet.errors import ConfigError, FleetTimeoutError
+from fleet.errors import ConfigError, FleetTimeoutError, ServerError, TransportError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
 from fleet.framework.inference import file_names, manifest_extra, persistable_names, use_saved_tables
 from fleet.framework.program import serialize_program
 from fleet.framework.scope import Scope, global_scope
+from fleet.logs import WaitLog
 from fleet.rules import rule_from_op_attrs
 from fleet.server.checkpoint import SERVER_COUNTERS, initial_values, state_var
 from fleet.server.parameter_server import ParameterServer
@@ -47,6 +51,37 @@ def build_runtime(fleet, strategy, main, startup, optimizer):
 
 def _curve():
     return CurveConfig.from_env()
+
+
+_uncaught = {}  # the exception that ended the main thread ("error": its text), once there is one
+_previous_excepthook = None
+
+
+def _record_uncaught(kind, value, tb):
+    if not isinstance(value, (TransportError, ServerError)):  # those are the job's failure, told to us
+        _uncaught["error"] = f"{kind.__name__}: {value}"
+    else:
+        _uncaught["told"] = True
+    (_previous_excepthook or sys.__excepthook__)(kind, value, tb)
+
+
+def _report_at_exit(runtime):
+    """At interpreter exit, a worker that did not call stop_worker() tells the servers
+    why (the exception that ended the script, else that it ended without stop_worker), so
+    the job fails at once instead of after FLEET_HEARTBEAT_TIMEOUT_MS. A process killed by
+    a signal cannot do this; the heartbeats find it."""
+    global _previous_excepthook
+    if sys.excepthook is not _record_uncaught:
+        _previous_excepthook, sys.excepthook = sys.excepthook, _record_uncaught
+    ref = weakref.ref(runtime)
+
+    def report():
+        rt = ref()
+        if rt is not None and rt.started and not _uncaught.get("told"):
+            rt.comm.report_failure(_uncaught.get("error") or
+                                   "its script ended without calling fleet.stop_worker()")
+
+    atexit.register(report)
 
 
 class WorkerRuntime:
@@ -85,6 +120,8 @@ class WorkerRuntime:
             log.warning("fleet: init_worker() was called twice; the communicator is already running")
             return
         wait_for_servers(self.plan.server_endpoints, worker_id=self.worker_id, curve=_curve())
+        log.info("fleet: %s connected to %s (%s)", self.comm.who, ", ".join(self.plan.server_endpoints),
+                 self.plan.mode)
         self.heartbeat.start()
         try:
             self.comm.start()
@@ -99,6 +136,7 @@ class WorkerRuntime:
             self.heartbeat.stop()
             raise
         self.started = True
+        _report_at_exit(self)
 
     def stop_worker(self):
         """Sends what is queued, tells the servers this worker is done and stops the
@@ -217,6 +255,18 @@ class WorkerRuntime:
                 writer.add(name, np.asarray(value))
         return writer.dirname
 
+    def job_progress(self, what="save_persistables"):
+        """(updates, loaded): the pushes the servers applied since they started, from any
+        worker, and whether any server loaded a checkpoint. Blocks for one round trip.
+
+        Raises:
+            ConfigError: init_worker() was not called (``what`` names the call).
+        """
+        self._need_started(what)
+        infos = self.comm.checkpoint_info()
+        return (sum(int(i.get("updates") or 0) for i in infos.values()),
+                any(i.get("dirname") for i in infos.values()))
+
     def checkpoint_info(self):
         """{"dirname", "save_id", "step", "epoch"} of the checkpoint every server loaded.
 
@@ -229,7 +279,7 @@ class WorkerRuntime:
             detail = ", ".join(f"{ep}: {i.get('dirname')}" for ep, i in infos.items())
             raise ConfigError(f"the servers loaded different checkpoints ({detail}); start every server "
                               f"with the same fleet.init_server(model_dir)")
-        return next(iter(infos.values()))
+        return {k: v for k, v in next(iter(infos.values())).items() if k != "updates"}
 
     def _manifest_extra(self, kind, extra):
         config = self.strategy.get_program_config()
@@ -355,6 +405,7 @@ class ServerRuntime:
         self.plan = plan
         self.main, self.startup = main, startup
         self.endpoint = fleet.server_endpoints()[fleet.server_index()]
+        self.name = f"server {fleet.server_index()}"
         self.server = None
 
     def programs(self):
@@ -412,9 +463,10 @@ class ServerRuntime:
         interval_ms, timeout_ms = heartbeat_settings()
         stop = threading.Event()
         with ServerSocket(self.endpoint, curve=_curve()) as sock:
-            watch = _ServerWatch(ps, sock, stop, timeout_ms / 1000.0)
-            log.info("fleet: server %s serving %d blocks, %d tables for %d workers (%s)",
-                     self.endpoint, len(ps.blocks), len(ps.shards), ps.workers, ps.mode)
+            watch = _ServerWatch(ps, sock, stop, timeout_ms / 1000.0, self.name)
+            log.info("fleet: %s listening on %s; expecting %s (%s): %d blocks, %d tables",
+                     self.name, self.endpoint, _plural(ps.workers, "worker"), ps.mode, len(ps.blocks),
+                     len(ps.shards))
             try:
                 sock.serve(ps.handle, stop, poll_ms=_TICK_MS, tick=watch.tick, threaded=True)
             finally:
@@ -431,18 +483,54 @@ _DRAIN_S = 0.25  # serving goes on this long after the end, so the last replies 
 
 class _ServerWatch:
     """The periodic part of run_server (run in the handler thread): lost workers, the
-    failure published in heartbeat replies, and when to stop serving."""
+    failure published in heartbeat replies, when to stop serving, and what the server
+    waits for (logged by ``WaitLog``: workers to connect, parked steps and barriers,
+    workers to stop)."""
 
-    def __init__(self, ps, sock, stop, timeout_s):
+    def __init__(self, ps, sock, stop, timeout_s, name="server"):
         self.ps, self.sock, self.stop, self.timeout_s = ps, sock, stop, timeout_s
+        self.name = name
         self.published = None  # when heartbeat replies started to carry the failure
         self.stop_at = None
+        self.connect_wait = WaitLog(f"{_plural(ps.workers, 'worker')} to connect to {name} ({sock.endpoint})",
+                                    logger=log)
+        self.waits = {}  # what -> WaitLog of the parked wait that began at its `since`
+        self.stop_wait = None
+
+    def _log_waits(self, last_heard):
+        ps = self.ps
+        if self.connect_wait is not None:
+            missing = [w for w in range(ps.workers) if w not in last_heard and w not in ps.stopped]
+            if not missing:
+                self.connect_wait = None
+            else:
+                self.connect_wait.tick(f"{ps.workers - len(missing)} of {ps.workers} connected; not yet "
+                                       f"{_workers(missing)}")
+        current = {}
+        for what, since, arrived, missing in ps.waits():
+            wait = self.waits.get(what)
+            if wait is None or wait.started != since or wait.missing != missing:
+                wait = WaitLog(f"{_workers(missing)} at {what} on {self.name}", logger=log, started=since)
+                wait.missing = missing
+            current[what] = wait
+            wait.tick(f"{len(arrived)} of {len(arrived) + len(missing)} arrived")
+        self.waits = current
+        if ps.stopped and ps.failure is None:
+            running = [w for w in range(ps.workers) if w not in ps.stopped and w not in ps.lost]
+            if running:
+                if self.stop_wait is None or self.stop_wait.running != running:
+                    self.stop_wait = WaitLog(f"{_workers(running)} to call fleet.stop_worker() "
+                                             f"({self.name} serves until every worker did)", logger=log,
+                                             started=ps.first_stop)
+                    self.stop_wait.running = running
+                self.stop_wait.tick(f"{len(ps.stopped)} of {ps.workers} stopped")
 
     def tick(self):
         now = time.monotonic()
         ps = self.ps
         last_heard = self.sock.last_heard()
         ps.check_liveness(last_heard, self.timeout_s, now)
+        self._log_waits(last_heard)
         if ps.failure is not None and self.published is None:
             self.sock.set_heartbeat_status(ps.status())
             self.published = time.monotonic()
@@ -455,6 +543,14 @@ class _ServerWatch:
                     self.stop_at = now + _DRAIN_S
         elif now >= self.stop_at:
             self.stop.set()
+
+
+def _plural(count, noun):
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _workers(ids):
+    return ("worker " if len(ids) == 1 else "workers ") + ", ".join(map(str, ids))
 
 
 def _report_bad_input(endpoint, stats):

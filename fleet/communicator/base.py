@@ -24,6 +24,7 @@ from fleet.errors import ConfigError, DataError
 from fleet.framework.hooks import TrainingHooks
 from fleet.framework.tensor import PrefetchedRows, SparseRows
 from fleet.transpiler.plan import DENSE, DISTRIBUTED, SPARSE
+from fleet.transport.client import request_all
 
 log = logging.getLogger("fleet")
 
@@ -59,6 +60,8 @@ class Communicator(TrainingHooks):
         self._stats_lock = threading.Lock()
         self.dense = [p for p in plan.params.values() if p.kind == DENSE]
         self.prefetch_inputs = {}
+        self.who = f"worker {self.worker_id} of {plan.worker_num}"
+        self.failure_reported = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
@@ -408,3 +411,34 @@ class Communicator(TrainingHooks):
     def end_pass(self):
         """Sends what is queued (async / GEO) before train_from_dataset returns."""
         self.flush()
+
+    def pass_failed(self, error):
+        """Tells every server that this worker failed with ``error``, so the job stops at
+        once (the servers fail it naming this worker and its error; the other workers
+        hear it within a heartbeat) instead of after FLEET_HEARTBEAT_TIMEOUT_MS. Waits up
+        to REPORT_FAILURE_TIMEOUT_MS for the answers; never raises (a server it cannot
+        reach learns of the failure from the heartbeats)."""
+        self.report_failure(f"{type(error).__name__}: {error}")
+
+    def report_failure(self, text):
+        """Tells every server that this worker cannot go on, because of ``text``; once per
+        worker, and not when the job already failed (the servers know). Bounded; never
+        raises (see ``pass_failed``)."""
+        if not self.running or self.failure_reported or getattr(self.liveness, "error", None) is not None:
+            return
+        self.failure_reported = True
+        report_failure(self.clients, text, self.who)
+
+
+REPORT_FAILURE_TIMEOUT_MS = 5000
+
+
+def report_failure(clients, text, who):
+    """Sends op ``fail`` with ``text`` to every client's server and waits (bounded) for
+    the answers; logs instead of raising when a server cannot be told."""
+    try:
+        request_all([(c, "fail", (), (), {"reason": text}) for c in clients.values()],
+                    timeout_ms=REPORT_FAILURE_TIMEOUT_MS)
+    except Exception as e:  # noqa: BLE001 - the original error is what the caller raises
+        log.warning("fleet: %s could not tell every server of its error (%s); the others learn of it when "
+                    "its heartbeats stop", who, e)

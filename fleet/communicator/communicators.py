@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from fleet.errors import FleetTimeoutError
+from fleet.logs import WaitLog
 from fleet.framework.runner import reduce_gradients
 from fleet.framework.tensor import SparseRows
 from fleet.communicator.base import Communicator
@@ -71,6 +72,10 @@ class HalfAsyncCommunicator(Communicator):
             self._all(requests)
         self._count("sends")
         self.pull_dense()
+
+
+def _servers(endpoints):
+    return ("server " if len(endpoints) == 1 else "servers ") + ", ".join(endpoints)
 
 
 def _copy(value):
@@ -132,9 +137,15 @@ class AsyncCommunicator(Communicator):
     # ------------------------------------------------------------------ pipelining
     def _wait_round(self, done, what):
         """Waits for a send round (an Event), bounded, raising the job's failure."""
-        deadline = time.monotonic() + self.put_timeout
+        started = time.monotonic()
+        deadline = started + self.put_timeout
+        wait = None
         while not done.wait(0.5):
             self._raise_if_failed()
+            if wait is None:
+                wait = WaitLog(f"the send thread to send this thread's previous step to {_servers(self.endpoints)}",
+                               limit=f"giving up after {self.put_timeout:.0f} s", logger=log, started=started)
+            wait.tick()
             if time.monotonic() > deadline:
                 raise FleetTimeoutError(
                     f"{what}: the previous step's gradients were not sent within {self.put_timeout:.0f} s; "
@@ -216,13 +227,20 @@ class AsyncCommunicator(Communicator):
                 continue
             queued = True
             item = (_copy(value), done)
-            deadline = time.monotonic() + self.put_timeout
+            started = time.monotonic()
+            deadline = started + self.put_timeout
+            wait = None
             while True:
                 try:
                     q.put(item, timeout=0.5)
                     break
                 except queue.Full:
                     self._raise_if_failed()
+                    if wait is None:
+                        wait = WaitLog(f"room in the send queue of {name!r} (full: the send thread is waiting "
+                                       f"for {_servers(self.endpoints)})", logger=log, started=started,
+                                       limit=f"giving up after {self.put_timeout:.0f} s")
+                    wait.tick()
                     if time.monotonic() > deadline:
                         raise FleetTimeoutError(
                             f"the send queue of {name!r} stayed full for {self.put_timeout:.0f} s: the "

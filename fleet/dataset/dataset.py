@@ -164,6 +164,14 @@ class DatasetBase:
         """
         return _iterate(self, timeout)
 
+    def _describe_empty_pass(self, report):
+        """Why a pass over this dataset ran no example, for the trainer's DataError."""
+        files = self._filelist or []
+        if not files:
+            return f"the dataset's file list is empty (set_filelist([])); {_SPLIT_HINT}"
+        lines = _lines_phrase(report.get("lines", 0), report.get("bad_lines_skipped", 0))
+        return f"the dataset's {_files_phrase(files)} held {lines}; {_CHECK_HINT}"
+
     def _pass_config(self, threads=None):
         """Checks the settings and freezes them for one pass or load."""
         if self._slots is None:
@@ -180,6 +188,25 @@ class DatasetBase:
         return PassConfig(self._slots, self._batch_size, self._filelist, self._pipe_command,
                           self._data_format, self._hash_dim, self._skip_bad_lines,
                           threads or self.thread_num)
+
+
+_SPLIT_HINT = ("give every worker at least one file (fleet.split_files(files) gives a worker none when there "
+               "are fewer files than workers)")
+_CHECK_HINT = "check the files (and the pipe command, if one is set)"
+
+
+def _files_phrase(files):
+    """'2 files ['a', 'b']' (at most 3 names shown)."""
+    shown = files if len(files) <= 3 else files[:3] + [f"... {len(files) - 3} more"]
+    return f"{len(files)} file{'' if len(files) == 1 else 's'} {shown}"
+
+
+def _lines_phrase(lines, skipped):
+    """'0 lines' / '2 lines, every one skipped as malformed (set_skip_bad_lines)'."""
+    text = f"{lines} line{'' if lines == 1 else 's'}"
+    if lines and skipped >= lines:
+        text += ", every one skipped as malformed (set_skip_bad_lines)"
+    return text
 
 
 def _iterate(dataset, timeout):
@@ -239,6 +266,7 @@ class InMemoryDataset(DatasetBase):
         self._shuffle_seed = None
         self._shuffles = 0
         self._shuffled = 0
+        self._loading_files = self._loaded_files = []
 
     def set_shuffle_seed(self, seed):
         """Makes local_shuffle and global_shuffle reproducible (None: fresh randomness).
@@ -278,7 +306,9 @@ class InMemoryDataset(DatasetBase):
         if self._loader is not None:
             raise ConfigError("a preload is already running; call wait_preload_done() first")
         threads = None if thread_num is None else _positive_int(thread_num, "thread_num")
-        self._loader = Loader(self._pass_config(threads)).start()
+        config = self._pass_config(threads)
+        self._loader = Loader(config).start()
+        self._loading_files = list(config.files)
 
     def wait_preload_done(self, timeout=DEFAULT_LOAD_TIMEOUT):
         """Blocks until the load started by preload_into_memory ends.
@@ -295,6 +325,7 @@ class InMemoryDataset(DatasetBase):
         loader, self._loader = self._loader, None
         self._block, self._load_report = loader.wait(timeout)
         self._block_slots = loader.slots
+        self._loaded_files = self._loading_files
         self._shuffled = 0
 
     def _loaded(self, what):
@@ -350,6 +381,18 @@ class InMemoryDataset(DatasetBase):
         """
         count = self._shuffled
         return count if fleet is None else sum_over_workers(count, fleet, "get_shuffle_data_size")
+
+    def _describe_empty_pass(self, report):
+        load = self._load_report or {}
+        lines, skipped = load.get("lines", 0), load.get("bad_lines_skipped", 0)
+        if not self._loaded_files:
+            return (f"the InMemoryDataset holds 0 examples: its file list was empty when it was loaded "
+                    f"(set_filelist([])); {_SPLIT_HINT}")
+        if lines and skipped < lines:
+            return ("the InMemoryDataset holds 0 examples although its load read some (global_shuffle gave "
+                    "this worker none of them)")
+        return (f"the InMemoryDataset holds 0 examples: load_into_memory read {_files_phrase(self._loaded_files)}, "
+                f"which held {_lines_phrase(lines, skipped)}; {_CHECK_HINT}")
 
     def _open_pass(self, consumers):
         """A pass over the examples in memory, in their current order; see QueueDataset."""

@@ -1,11 +1,15 @@
 """InMemoryDataset's side: loading every file with producer threads, passes from memory."""
 import collections
+import logging
 import threading
 import time
 
 from fleet.dataset.block import ExampleBlock
 from fleet.dataset.pipeline import POLL, Producers
 from fleet.errors import FleetTimeoutError
+from fleet.logs import WaitLog
+
+logger = logging.getLogger("fleet.dataset")
 
 
 class _Collector:
@@ -59,9 +63,15 @@ class Loader:
                 still reading and their files. The load is stopped.
         """
         p = self._producers
+        wait = None
         while not self._done.wait(POLL):
             if p.error is not None:
                 break
+            if wait is None:
+                wait = WaitLog("load_into_memory to read the files", logger=logger,
+                               limit=f"giving up after {timeout:g} s without progress")
+            if wait.next_due_s() == 0.0:
+                wait.tick(f"{p.lines} lines read; producers: {p.describe_running()}")
             if time.monotonic() - p.last_progress > timeout:
                 running = p.describe_running()
                 p.stop()

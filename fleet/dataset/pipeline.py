@@ -15,6 +15,7 @@ from fleet.dataset.block import ExampleBlock
 from fleet.dataset.parsers import BadLines, CriteoParser, MultiSlotParser
 from fleet.dataset.reader import CHUNK_BYTES, InputStream, kill_process_group
 from fleet.errors import FleetTimeoutError
+from fleet.logs import WaitLog
 
 logger = logging.getLogger("fleet.dataset")
 
@@ -288,7 +289,9 @@ class StreamSource:
             FleetTimeoutError: nothing arrived within ``timeout``; names the producers
                 still reading and their files.
         """
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        wait = None
         while True:
             error = self._producers.error
             if error is not None:
@@ -303,6 +306,11 @@ class StreamSource:
                     raise FleetTimeoutError(
                         f"dataset: no batch arrived within {timeout:g}s; producers still "
                         f"running: {self._producers.describe_running()}") from None
+                if wait is None:
+                    wait = WaitLog("the dataset's next batch", limit=f"giving up after {timeout:g} s",
+                                   logger=logger, started=started)
+                if wait.next_due_s() == 0.0:
+                    wait.tick(f"producers: {self._producers.describe_running()}")
                 continue
             if item is _DONE:
                 self._queue.put_nowait(_DONE)  # for the other consumers

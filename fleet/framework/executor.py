@@ -17,6 +17,7 @@ import threading
 import numpy as np
 
 from fleet.errors import ConfigError, DataError
+from fleet.framework.compiler import CompiledProgram
 from fleet.framework.program import Program, Variable, default_main_program
 from fleet.framework.runner import Plan, Runner, feed_value
 from fleet.framework.scope import global_scope
@@ -24,6 +25,17 @@ from fleet.framework.tensor import LoDTensor, SparseRows
 from fleet.framework.trainer import DatasetTrainer
 
 log = logging.getLogger("fleet")
+
+def _examples_in(feed):
+    """The batch size of a feed: the rows of its first input (sequences: their count)."""
+    for value in feed.values():
+        if isinstance(value, LoDTensor):
+            return value.batch_size
+        if isinstance(value, tuple) and len(value) == 2:  # (values, lengths)
+            return len(value[1])
+        return len(value) if hasattr(value, "__len__") else 1
+    return 0
+
 
 class Executor:
     """Runs programs (Paddle's ``fluid.Executor``; the place argument is accepted and ignored:
@@ -35,6 +47,7 @@ class Executor:
         self._tls = threading.local()
         self._lock = threading.Lock()
         self._closed = False
+        self._on_close = []  # what close() must call (see close)
 
     # ---------------------------------------------------------------- preparing
     def _plan(self, program):
@@ -59,16 +72,23 @@ class Executor:
 
     # ---------------------------------------------------------------- run
     def run(self, program=None, feed=None, fetch_list=None, feed_var_name="feed",
-            fetch_var_name="fetch", scope=None, return_numpy=True, use_program_cache=True):
+            fetch_var_name="fetch", scope=None, return_numpy=True, use_program_cache=True,
+            return_merged=True):
         """Runs ``program`` once on ``feed`` and returns the fetched values.
 
         Args:
-            program: a Program (default: the default main program).
+            program: a Program (default: the default main program), or a data-parallel
+                ``CompiledProgram`` (the batch is split across its replicas; see
+                ``fleet.framework.compiler``).
             feed: {name: value}; a lod_level=0 input as an array [batch, *shape], a
-                lod_level=1 input as ``(values, lengths)`` or a list of sequences.
+                lod_level=1 input as ``(values, lengths)`` or a list of sequences. A list
+                of one such dict is taken as the dict (Paddle's feed per place); a
+                CompiledProgram takes one dict per replica.
             fetch_list: variables or names whose values to return.
             scope: where parameters live (default: ``global_scope()``).
             return_numpy: return numpy arrays (copies); else the raw values.
+            return_merged: for a CompiledProgram, each fetched value is the replicas'
+                values concatenated along dim 0 (else a list of them).
 
         Returns:
             A list with one value per fetched variable.
@@ -84,15 +104,29 @@ class Executor:
         if self._closed:
             raise ConfigError("this Executor was closed; create a new fleet.Executor()")
         program = default_main_program() if program is None else program
+        scope = global_scope() if scope is None else scope
+        if isinstance(program, CompiledProgram):
+            self._note_closing(program.program)
+            if program._is_data_parallel:
+                return program._run(self, feed, fetch_list, scope, return_numpy, return_merged)
+            program = program.program
         if not isinstance(program, Program):
             raise TypeError(f"program must be a fleet.Program, got {type(program).__name__}")
-        scope = global_scope() if scope is None else scope
+        self._note_closing(program)
+        if isinstance(feed, (list, tuple)):  # one feed per place (a DataLoader's batches)
+            if len(feed) != 1:
+                raise DataError(f"feed is a list of {len(feed)} dicts (one per place) but the program is not "
+                                f"compiled with data parallel; run a CompiledProgram(...).with_data_parallel() "
+                                f"or feed one dict")
+            feed = feed[0]
         runner = self._runner(program, scope)
         local = runner.local
         try:
             if feed:
                 self._feed(program, runner.plan, feed, local)
             runner.run()
+            if runner.plan.trains and feed:
+                scope.record_training(_examples_in(feed))
             return self._fetch(runner, fetch_list, return_numpy)
         finally:
             for name in feed or ():  # a later run must not see this run's inputs
@@ -183,6 +217,8 @@ class Executor:
         if dataset is None:
             raise RuntimeError("dataset is need and should be initialized")
         program = default_main_program() if program is None else program
+        if isinstance(program, CompiledProgram):  # the dataset's threads are the replicas
+            program = program.program
         if not isinstance(program, Program):
             raise TypeError(f"program must be a fleet.Program, got {type(program).__name__}")
         if not train:
@@ -200,17 +236,33 @@ class Executor:
                 f"entries; give one label per fetched variable"
             )
         scope = global_scope() if scope is None else scope
+        self._note_closing(program)
         trainer = DatasetTrainer(self._plan(program), program, dataset, scope, thread, fetch_list,
-                                 fetch_info, print_period, fetch_handler, debug, executor=self)
+                                 fetch_info, print_period, fetch_handler, debug, executor=self, train=train)
         trainer.checkpoint = checkpoint
         summary = trainer.run()
         if checkpoint is not None:
             checkpoint.after_epoch(self)
         return summary
 
+    def _note_closing(self, program):
+        callbacks = getattr(program, "_on_executor_close", ())
+        if callbacks:
+            with self._lock:  # run() may be called from several threads
+                for callback in callbacks:
+                    if not any(c is callback for c in self._on_close):
+                        self._on_close.append(callback)
+
     def close(self):
-        """Releases the executor's buffers (a distributed worker's ``stop_worker`` does the
-        talking to servers)."""
+        """Releases the executor's buffers. A program that says what its executor's close
+        means (``program._on_executor_close``: callables) has them called once, in the
+        order its runs registered them: a ``fluid.DistributeTranspiler`` trainer program
+        tells the servers this trainer is done, as Paddle's ``exe.close()`` does (with the
+        fleet API, ``fleet.stop_worker()`` does the talking to servers)."""
+        with self._lock:
+            callbacks, self._on_close = self._on_close, []
         self._plans.clear()
         self._tls = threading.local()
         self._closed = True
+        for callback in callbacks:
+            callback()

@@ -31,13 +31,21 @@ class _UniqueNames:
 
     def __init__(self):
         self._counters = {}
+        self._prefix = ""  # put before every name (Paddle's unique_name.guard("prefix"))
         self._lock = threading.Lock()
 
     def generate(self, prefix):
         with self._lock:
             n = self._counters.get(prefix, 0)
             self._counters[prefix] = n + 1
-        return f"{prefix}_{n}"
+        return f"{self._prefix}{prefix}_{n}"
+
+    def swap(self, counters, prefix=""):
+        """Replaces the counters and the name prefix; returns the old (counters, prefix)."""
+        with self._lock:
+            old = (self._counters, self._prefix)
+            self._counters, self._prefix = counters, prefix
+        return old
 
     def reset(self):
         with self._lock:

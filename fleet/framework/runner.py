@@ -1,8 +1,8 @@
 """Running a prepared program: the op methods in order (``Plan``), one thread's
 temporaries (``Runner``), converting fed values, and combining threads' gradients.
 
-``Executor.run`` and the dataset trainer both run programs through these; neither imports
-the other's internals.
+``Executor.run`` (plain and data-parallel: ``fleet.framework.compiler``) and the dataset
+trainer all run programs through these; none imports another's internals.
 """
 import numpy as np
 
@@ -40,8 +40,12 @@ class Plan:
             role = op.attr("op_role")
             phase = SCHEDULE if role == LRSCHED else OPTIMIZE_PHASE if role == OPTIMIZE else COMPUTE
             self.steps.append((method, op, phase))
-        self.grad_names = [op.input("Grad")[0] for _, op, phase in self.steps
-                           if phase == OPTIMIZE_PHASE and op.input("Grad")]
+        # Every gradient an optimizer-role op reads: one per optimizer op locally, all of
+        # them for a distributed worker's single send op.
+        self.grad_names = list(dict.fromkeys(n for _, op, phase in self.steps if phase == OPTIMIZE_PHASE
+                                             for n in op.input("Grad")))
+        # updates parameters (or sends updates)
+        self.trains = any(phase == OPTIMIZE_PHASE for _, _, phase in self.steps)
 
 
 class Runner:
@@ -148,4 +152,65 @@ def reduce_gradients(values, average=True, weights=None):
     for v, w in zip(values[1:], weights[1:]):
         part = np.multiply(np.ascontiguousarray(v, dtype=np.float32), np.float32(w), dtype=np.float32)
         sparse_kernels.add_into(flat, part.reshape(-1))
+    return out
+
+
+def combine_step(runners, sizes, grad_names, split):
+    """Combines the gradients the ``runners`` of one step computed into ``runners[0]``.
+
+    Args:
+        runners: the runners that ran the forward and backward ops of this step (each on
+            its own batch, or on its part of one batch).
+        sizes: examples each runner ran.
+        grad_names: the gradients the optimizer ops read (``Plan.grad_names``).
+        split: the runners ran parts of one batch: weight each gradient by its part's
+            share of the examples, so the result is the whole batch's mean gradient (as
+            one runner on the whole batch computes it); else average them.
+
+    Returns:
+        The lead runner (``runners[0]``), holding the combined gradients: its
+        ``run(compute=False)`` applies them once.
+    """
+    lead = runners[0]
+    shares = [n / sum(sizes) for n in sizes] if split else None
+    for name in grad_names:
+        got = [(r.local.get(name), i) for i, r in enumerate(runners)]
+        got = [(v, i) for v, i in got if v is not None]
+        if len(got) > 1 or (got and shares):
+            weights = [shares[i] for _, i in got] if shares else None
+            lead.local[name] = reduce_gradients([v for v, _ in got], weights=weights)
+        elif got:
+            lead.local[name] = got[0][0]
+    return lead
+
+
+def batch_size(feed):
+    """Examples in a feed dict (the first value's rows, or a LoDTensor's sequences)."""
+    for value in feed.values():
+        return len(value) if not hasattr(value, "batch_size") else value.batch_size
+    return 0
+
+
+def split_batch(feed, parts):
+    """Splits a batch into at most ``parts`` consecutive batches whose sizes differ by at
+    most one example (Paddle's ParallelExecutor splits its feed across devices so).
+
+    Returns:
+        A list of feed dicts, none empty (fewer than ``parts`` when the batch is smaller).
+    """
+    n = batch_size(feed)
+    parts = max(1, min(int(parts), n))
+    if parts == 1:
+        return [feed]
+    bounds = [n * i // parts for i in range(parts + 1)]
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        piece = {}
+        for name, value in feed.items():
+            if isinstance(value, LoDTensor):
+                lo, hi = int(value.offsets[a]), int(value.offsets[b])
+                piece[name] = LoDTensor(value.values[lo:hi], value.offsets[a:b + 1] - lo)
+            else:
+                piece[name] = value[a:b]
+        out.append(piece)
     return out

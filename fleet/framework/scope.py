@@ -22,6 +22,14 @@ class Scope:
         self.parent = parent
         self._kids = []
         self._lock = threading.Lock()
+        # What the values here come from (fleet's saves refuse a scope with neither):
+        self.trained_examples = 0  # examples run through training programs in this scope
+        self.loaded_from = None    # the directory a load put values here from, if any
+
+    def record_training(self, examples):
+        """Counts ``examples`` trained into this scope (the executor calls it). Thread-safe."""
+        with self._lock:
+            self.trained_examples += int(examples)
 
     def find_var(self, name):
         """Returns the value of ``name`` here or in an ancestor, or None."""

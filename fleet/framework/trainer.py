@@ -8,10 +8,9 @@ import time
 
 import numpy as np
 
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, DataError, ServerError, TransportError
 from fleet.framework.hooks import TrainingHooks
-from fleet.framework.runner import Runner, feed_value, reduce_gradients
-from fleet.framework.tensor import LoDTensor
+from fleet.framework.runner import Runner, batch_size as _batch_size, combine_step, feed_value, split_batch
 from strategies.execution import ReduceStrategy
 
 log = logging.getLogger("fleet")
@@ -49,37 +48,6 @@ def _name(v):
     return v if isinstance(v, str) else v.name
 
 
-def _batch_size(feed):
-    for value in feed.values():
-        return len(value) if not hasattr(value, "batch_size") else value.batch_size
-    return 0
-
-
-def split_batch(feed, parts):
-    """Splits a batch into at most ``parts`` consecutive batches whose sizes differ by at
-    most one example (Paddle's ParallelExecutor splits its feed across devices so).
-
-    Returns:
-        A list of feed dicts, none empty (fewer than ``parts`` when the batch is smaller).
-    """
-    n = _batch_size(feed)
-    parts = max(1, min(int(parts), n))
-    if parts == 1:
-        return [feed]
-    bounds = [n * i // parts for i in range(parts + 1)]
-    out = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        piece = {}
-        for name, value in feed.items():
-            if isinstance(value, LoDTensor):
-                lo, hi = int(value.offsets[a]), int(value.offsets[b])
-                piece[name] = LoDTensor(value.values[lo:hi], value.offsets[a:b + 1] - lo)
-            else:
-                piece[name] = value[a:b]
-        out.append(piece)
-    return out
-
-
 def serial_threads_requested():
     """True when FLEET_SERIAL_THREADS=1: training threads take turns, one whole step at a
     time in the order the batches come (results equal one thread's, bit for bit)."""
@@ -94,8 +62,9 @@ class DatasetTrainer:
     """Runs one pass of a program over a dataset with N threads (Hogwild or Reduce)."""
 
     def __init__(self, plan, program, dataset, scope, threads, fetch_list, fetch_info,
-                 print_period, fetch_handler, debug, executor=None):
+                 print_period, fetch_handler, debug, executor=None, train=True):
         self.executor = executor
+        self.train = train
         self.program = program
         self.dataset = dataset
         self.scope = scope
@@ -141,6 +110,8 @@ class DatasetTrainer:
             self._batches += 1
             self._examples += examples
             batches = self._batches
+        if self.train and self.plan.trains:  # before a checkpoint of this step is due
+            self.scope.record_training(examples)
         if self._bar is not None:
             self._bar.update(examples)
         if self.checkpoint is not None:
@@ -160,6 +131,17 @@ class DatasetTrainer:
             self._bar.write(line)
         else:
             print(line, flush=True)
+
+    def _empty_pass_error(self, report):
+        """The DataError of a pass that ran no example (Paddle 1.x returns without one)."""
+        describe = getattr(self.dataset, "_describe_empty_pass", None)
+        reason = describe(report) if describe is not None else "the dataset gave no batch"
+        who = self.hooks.who
+        trained = "trained" if self.train else "predicted"
+        return DataError(
+            f"{who + ': ' if who else ''}{'train' if self.train else 'infer'}_from_dataset ran a pass over 0 "
+            f"examples: {reason}. Nothing was {trained}, so the pass is an error rather than a model "
+            f"that looks {trained}")
 
     # ---------------------------------------------------------------- loops
     def _next(self, source):
@@ -220,15 +202,7 @@ class DatasetTrainer:
                     sizes = list(pool.map(compute, zip(active, batches)))
                 # A split batch's parts are weighted by their share of its examples, so the
                 # update is the whole batch's mean gradient (as one thread computes it).
-                shares = [n / sum(sizes) for n in sizes] if self.split else None
-                for name in self.plan.grad_names:
-                    got = [(r.local.get(name), i) for i, r in enumerate(active)]
-                    got = [(v, i) for v, i in got if v is not None]
-                    if len(got) > 1 or (got and shares):
-                        weights = [shares[i] for _, i in got] if shares else None
-                        lead.local[name] = reduce_gradients([v for v, _ in got], weights=weights)
-                    elif got:
-                        lead.local[name] = got[0][0]
+                lead = combine_step(active, sizes, self.plan.grad_names, self.split)
                 lead.run(compute=False, schedule=False)
                 if self.split:
                     self._record(lead, sum(sizes))
@@ -323,7 +297,15 @@ class DatasetTrainer:
                 self._bar.close()
             self.hooks.end_pass()
         if self._errors:
-            raise self._errors[0]
+            error = self._errors[0]
+            if not isinstance(error, (TransportError, ServerError)):  # not the job's failure told to us
+                self.hooks.pass_failed(error)
+            raise error
+        report = dict(source.report()) if hasattr(source, "report") else {}
+        if self._examples == 0:
+            error = self._empty_pass_error(report)
+            self.hooks.pass_failed(error)
+            raise error
         elapsed = time.perf_counter() - self._t0
         runner = getattr(self, "_runner0", None)
         if runner is not None and self.fetch_names:  # the values after the last batch
@@ -331,7 +313,6 @@ class DatasetTrainer:
                 value = runner.value(name)
                 if value is not None:
                     self._last_fetch[label] = np.array(getattr(value, "values", value))
-        report = dict(source.report()) if hasattr(source, "report") else {}
         skipped = int(report.get("bad_lines_skipped", 0))
         summary = {
             "examples": self._examples,

@@ -60,6 +60,8 @@ log = logging.getLogger("fleet.server")
 
 # Ops any client may send whatever its worker id (tools and tests read with ids of their own).
 _READ_OPS = frozenset(("pull_dense", "pull_sparse"))
+# Ops that change the parameters: counted in ``updates`` (checkpoint_info reports it).
+_UPDATE_OPS = frozenset(("push", "sync_push", "geo_push"))
 
 
 class ParameterServer:
@@ -121,6 +123,9 @@ class ParameterServer:
         self.has_lr_schedule = self.mode != "geo" and any(
             p.lr_schedule is not None for p, _ in plan.blocks_on(endpoint))
         self.lr_step = int(getattr(plan, "lr_begin", 0)) - 1  # @LR_DECAY_COUNTER@ of this server
+        self.updates = 0  # pushes applied (sync steps count once per worker)
+        self.first_stop = None
+        self._parked_since = {}  # "sync" / "barrier" / "exchange" -> when its first request was parked
 
     # ------------------------------------------------------------------ helpers
     def _dense(self, name):
@@ -139,6 +144,26 @@ class ParameterServer:
         """True once every worker has stopped or was lost."""
         return all(w in self.stopped or w in self.lost for w in range(self.workers))
 
+    def _park(self, kind, parked, req):
+        if not parked:
+            self._parked_since[kind] = time.monotonic()
+        parked[req.worker] = req
+
+    def waits(self):
+        """What parked requests wait for: a list of (what, since, arrived, missing), one per
+        kind of wait that has requests parked ("the sync step", "barrier_worker",
+        "the data exchange"), where arrived and missing are sorted worker ids and since is
+        the time.monotonic() its first request was parked. Never blocks."""
+        out = []
+        expected = self.live - self.stopped
+        for kind, what, parked in (("sync", "the sync step", self._sync),
+                                   ("barrier", "barrier_worker", self._barrier),
+                                   ("exchange", "the data exchange", self._exchange)):
+            if parked:
+                out.append((what, self._parked_since.get(kind, time.monotonic()), sorted(parked),
+                            sorted(expected - set(parked))))
+        return out
+
     def status(self):
         """The op-specific fields of heartbeat replies: {"failed": text} once the job failed."""
         return {} if self.failure is None else {"failed": self.failure}
@@ -155,10 +180,13 @@ class ParameterServer:
         if req.op not in _READ_OPS and not 0 <= req.worker < self.workers:
             raise DataError(f"worker id {req.worker} is not a worker of this job (ids 0..{self.workers - 1}); "
                             f"{req.op!r} refused")
-        if self.failure is not None and req.op != "stop":
+        if self.failure is not None and req.op not in ("stop", "fail"):
             self.told.add(req.worker)
             raise FleetError(self.failure)
-        return handler(req)
+        result = handler(req)
+        if req.op in _UPDATE_OPS:
+            self.updates += 1
+        return result
 
     def _op_ping(self, req):
         req.reply(meta={"blocks": sorted(self.blocks), "shards": sorted(self.shards), "mode": self.mode})
@@ -311,7 +339,7 @@ class ParameterServer:
             self._dense(name)
         self._checked_grads(req)
         req.defer()
-        self._sync[req.worker] = req
+        self._park("sync", self._sync, req)
         self._maybe_finish_sync()
 
     def _maybe_finish_sync(self):
@@ -370,7 +398,7 @@ class ParameterServer:
     # ------------------------------------------------------------------ coordination
     def _op_barrier(self, req):
         req.defer()
-        self._barrier[req.worker] = req
+        self._park("barrier", self._barrier, req)
         self._maybe_release_barrier()
 
     def _maybe_release_barrier(self):
@@ -382,7 +410,7 @@ class ParameterServer:
     def _op_all_to_all(self, req):
         """Worker w sends blobs[j] for every worker j; each gets what all sent to it."""
         req.defer()
-        self._exchange[req.worker] = req
+        self._park("exchange", self._exchange, req)
         if set(self._exchange) >= (self.live - self.stopped):
             reqs, self._exchange = self._exchange, {}
             order = sorted(reqs)
@@ -391,6 +419,8 @@ class ParameterServer:
                 reqs[j].reply(names=[f"from{w}" for w in order], arrays=blobs)
 
     def _op_stop(self, req):
+        if not self.stopped:
+            self.first_stop = time.monotonic()  # when the wait for the other workers' stop began
         self.stopped.add(req.worker)
         self._apply_pending()  # fewer workers now fill a window
         req.reply()
@@ -399,6 +429,15 @@ class ParameterServer:
         # A stopped worker no longer holds back the others.
         self._maybe_finish_sync()
         self._maybe_release_barrier()
+
+    def _op_fail(self, req):
+        """A worker reports that it cannot go on (meta ``reason``: its exception); the job
+        fails at once instead of after FLEET_HEARTBEAT_TIMEOUT_MS, naming its error."""
+        error = req.meta.get("reason")
+        if not isinstance(error, str) or not error:
+            raise DataError("fail needs meta 'reason': the text of the worker's error")
+        self.fail_worker(req.worker, f"it failed: {error[:2000]}")
+        req.reply()
 
     def fail_worker(self, worker, reason):
         """Marks ``worker`` lost, which fails the job: parked requests and every later one
@@ -523,8 +562,9 @@ class ParameterServer:
 
     def _op_checkpoint_info(self, req):
         """Which checkpoint this server loaded: meta ``dirname``, ``save_id``, ``step``,
-        ``epoch`` (all None when it started fresh)."""
-        req.reply(meta=dict(self.loaded))
+        ``epoch`` (all None when it started fresh), and ``updates``: the pushes it has
+        applied since it started."""
+        req.reply(meta=dict(self.loaded, updates=self.updates))
 
 
 def _grads(req):

@@ -13,6 +13,7 @@ its ``check()`` before each request and, while it waits for a reply, at least ev
 ``liveness.check_ms`` milliseconds, so a wait on a server that died, or on a job that
 failed elsewhere, ends with that error instead of running into the reply timeout.
 """
+import logging
 import math
 import threading
 import time
@@ -20,9 +21,12 @@ import time
 import zmq
 
 from fleet.errors import FleetTimeoutError, ServerError, TransportError
+from fleet.logs import WaitLog, wait_log_ms
 from fleet.transport import message, settings
 from fleet.transport.curve import KEYS_DIR_ENV
 from fleet.transport.server import PING_OP, parse_endpoint
+
+log = logging.getLogger("fleet.transport")
 
 Reply = message.Message
 """A decoded reply: ``header``, ``arrays``, ``reply[name]``, ``reply.meta``."""
@@ -55,6 +59,7 @@ class Client:
         self.timeout_ms = int(timeout_ms or settings.rpc_timeout_ms())
         self.max_message_bytes = max_message_bytes or settings.max_message_bytes()
         self.liveness = liveness
+        self._wait_first_s = wait_log_ms() / 1000.0
         self._lock = threading.RLock()
         self._seq = 0
         self._pending = {}  # seq -> op, for requests whose reply is still wanted
@@ -133,18 +138,32 @@ class Client:
             if op is None:
                 raise TransportError(f"no request {seq} is pending on the client of {self.endpoint}")
             timeout = self._timeout(timeout_ms)
-            deadline = time.monotonic() + timeout / 1000.0
+            started = time.monotonic()
+            deadline = started + timeout / 1000.0
+            wait = None  # made once the reply is late, so a quick reply costs nothing
             while seq not in self._arrived:
                 remaining_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-                if self.liveness is not None and remaining_ms > self.liveness.check_ms:
-                    if not self._sock.poll(self.liveness.check_ms, zmq.POLLIN):
-                        self._check_liveness(seq)
-                        continue
-                elif not self._sock.poll(remaining_ms, zmq.POLLIN):  # poll(0) still sees a queued reply
+                slice_ms = remaining_ms
+                if self.liveness is not None:
+                    slice_ms = min(slice_ms, self.liveness.check_ms)
+                due_s = self._wait_first_s if wait is None else wait.next_due_s()
+                if due_s:
+                    slice_ms = min(slice_ms, max(1, math.ceil(due_s * 1000)))
+                if self._sock.poll(slice_ms, zmq.POLLIN):  # poll(0) still sees a queued reply
+                    self._receive_one()
+                    continue
+                if slice_ms >= remaining_ms:
                     del self._pending[seq]
                     self._reset_if_idle()
                     raise FleetTimeoutError(self._timeout_message(op, seq, timeout))
-                self._receive_one()
+                if self.liveness is not None:
+                    self._check_liveness(seq)
+                if wait is None:
+                    wait = WaitLog(f"server {self.endpoint} to answer {op!r} (request {seq} of worker "
+                                   f"{self.worker_id})", limit=f"giving up after {timeout} ms "
+                                   f"({settings.RPC_TIMEOUT_MS_ENV} or timeout_ms=)",
+                                   logger=log, first_s=self._wait_first_s, started=started)
+                wait.tick()
             del self._pending[seq]
             reply = self._arrived.pop(seq)
             if not reply.header["ok"]:
@@ -320,9 +339,17 @@ def wait_for_servers(endpoints, timeout_ms=None, worker_id=-1, curve=None, retry
     timeout = int(timeout_ms or settings.connect_timeout_ms())
     deadline = time.monotonic() + timeout / 1000.0
     clients = {ep: Client(ep, worker_id, curve=curve, timeout_ms=retry_ms) for ep in dict.fromkeys(endpoints)}
+    for client in clients.values():
+        client._wait_first_s = 0  # one ping's wait is not logged: the whole wait below is
+    wait = WaitLog(f"{'server' if len(clients) == 1 else 'servers'} {', '.join(clients)}",
+                   limit=f"giving up after {timeout / 1000:g} s ({settings.CONNECT_TIMEOUT_MS_ENV})", logger=log)
     try:
         waiting = dict(clients)
         while waiting:
+            if len(waiting) < len(clients):
+                wait.tick(f"{len(clients) - len(waiting)} of {len(clients)} answered; not yet {', '.join(waiting)}")
+            else:
+                wait.tick(f"none of {len(clients)} answered yet" if len(clients) > 1 else "no answer yet")
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break

@@ -5,6 +5,7 @@ output directory and then does what a JSON spec tells its role or its index to d
 """
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -298,6 +299,58 @@ def test_a_process_that_ignores_sigterm_is_killed_after_kill_timeout(fleetrun, j
     assert not pid_alive(job.pid("worker 0"))
 
 
+def test_by_default_survivors_are_stopped_3_s_after_a_failure_and_the_report_says_how_each_ended(
+        fleetrun, job):
+    spec = {"server": [FOREVER], "worker 0": [FOREVER],
+            "worker 1": [["wait_started", 3], ["exit", 3]]}
+    r = fleetrun("--server_num", 1, "--worker_num", 2, *job.args(spec))
+    assert r.returncode == 1
+    assert "waiting up to 3 s (--failure_grace) for server 0, worker 0 to exit by themselves" in r.stderr
+    server = job.env("server 0")
+    endpoint = f"{server['POD_IP']}:{server['PADDLE_PORT']}"
+    report = r.stderr.split("fleetrun: how each process ended:\n")[1]
+    assert report == (
+        f"    server 0 (pid {job.pid('server 0')}, {endpoint}): stopped by fleetrun (SIGTERM) after worker 1's "
+        f"failure\n"
+        f"    worker 0 (pid {job.pid('worker 0')}): stopped by fleetrun (SIGTERM) after worker 1's failure\n"
+        f"    worker 1 (pid {job.pid('worker 1')}): exited with code 3 (the root cause)\n")
+
+
+def test_the_report_names_failures_after_the_cause_with_their_error_and_a_sigkill_after_sigterm(
+        fleetrun, job):
+    spec = {"worker 0": [["wait_started", 3], ["touch", "dying"], ["kill", "SIGKILL"]],
+            "server": [["wait_file", "dying"], ["raise", "worker 0 was lost"]],
+            "worker 1": [["ignore_sigterm", None], FOREVER]}
+    r = fleetrun("--server_num", 1, "--worker_num", 2, "--failure_grace", 1, "--kill_timeout", 0.3,
+                 *job.args(spec))
+    assert r.returncode == 1
+    report = r.stderr.split("fleetrun: how each process ended:\n")[1].splitlines()
+    assert re.fullmatch(rf"    server 0 \(pid {job.pid('server 0')}, 127\.0\.0\.1:\d+\): exited with code 1 "
+                        r"\d+\.\d s after worker 0: RuntimeError: worker 0 was lost", report[0]), report[0]
+    assert report[1:] == [
+        f"    worker 0 (pid {job.pid('worker 0')}): was killed by SIGKILL (the root cause)",
+        f"    worker 1 (pid {job.pid('worker 1')}): stopped by fleetrun (SIGKILL) after worker 0's failure"]
+
+
+def test_a_job_that_succeeds_reports_every_process_exited_0(fleetrun, job):
+    r = fleetrun("--server_num", 1, "--worker_num", 2, *job.args({}))
+    assert r.returncode == 0, r.stderr
+    report = r.stderr.split("fleetrun: how each process ended:\n")[1].splitlines()
+    assert [line.split("): ")[1] for line in report] == ["exited 0"] * 3
+    assert [line.split(" (pid")[0] for line in report] == ["    server 0", "    worker 0", "    worker 1"]
+
+
+def test_servers_lingering_after_the_workers_are_waited_for_out_loud(fleetrun, job, clean_env):
+    env = dict(clean_env, FLEET_WAIT_LOG_MS="100")
+    r = fleetrun("--server_num", 1, "--worker_num", 1, "--server_exit_timeout", 1,
+                 *job.args({"server": [FOREVER]}), env=env)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"fleetrun: waiting for server 0 to exit by itself \(every worker exited 0\) for 0\.\d s; "
+                     r"terminating it after --server_exit_timeout 1 s\n", r.stderr), r.stderr
+    assert (f"    server 0 (pid {job.pid('server 0')}, 127.0.0.1:") in r.stderr
+    assert "): stopped by fleetrun (SIGTERM) after every worker exited 0 (--server_exit_timeout)" in r.stderr
+
+
 def test_a_server_crashing_after_the_workers_finished_fails_the_job(fleetrun, job):
     spec = {"server": [["wait_file", "worker 0.pid"], ["sleep", 0.3], ["exit", 7]]}
     r = fleetrun("--server_num", 1, "--worker_num", 1, *job.args(spec))
@@ -384,6 +437,19 @@ def test_a_missing_training_script_is_an_error_naming_it(tmp_path, monkeypatch, 
     assert exit_info.value.code == 2
     assert (f"fleetrun: error: training script 'nope.py' is not a file (looked from "
             f"{tmp_path}); give the path of the Python script to run") in capsys.readouterr().err
+
+
+def test_a_malformed_wait_log_setting_is_a_usage_error_before_anything_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLEET_WAIT_LOG_MS", "-5")
+    (tmp_path / "train.py").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--server_num", "1", "--worker_num", "1", "train.py"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "fleetrun: error: FLEET_WAIT_LOG_MS='-5' is not an integer >= 0 (milliseconds a wait lasts before it is "
+        "logged; 0: never); unset it to use 5000\n")
+    assert not (tmp_path / "log").exists()
 
 
 def _config(*argv):

@@ -29,8 +29,10 @@ class Job:
         self.out = tmp_path / "out"
         self.log = tmp_path / "log"
         self.out.mkdir()
+        # A grace longer than the heartbeat timeout: these tests watch the processes stop by
+        # themselves (as they must without fleetrun), not fleetrun stopping them.
         self.launcher = start_fleetrun("--server_num", servers, "--worker_num", workers, "--log_dir", self.log,
-                                       SCRIPT, mode, self.out, 8, 4, *script_args, env=env)
+                                       "--failure_grace", 10, SCRIPT, mode, self.out, 8, 4, *script_args, env=env)
 
     def pid(self, tag):
         return int((self.out / f"{tag}.pid").read_text())

@@ -280,7 +280,8 @@ def test_load_persistables_refuses_a_truncated_or_corrupted_file(tmp_path):
         np.testing.assert_array_equal(value, before[name])
 
 
-def test_load_persistables_of_another_model_names_the_missing_variables(tmp_path):
+def test_load_persistables_of_another_model_names_the_missing_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEET_SAVE_UNTRAINED", "1")  # initial values are enough here
     exe, _ = _trained(0)
     fleet.save_persistables(exe, str(tmp_path / "a"))
     with fleet.program_guard(fleet.Program(), fleet.Program()):
@@ -311,7 +312,8 @@ def test_save_persistables_with_filename_writes_one_file_and_loads_back_with_the
         np.testing.assert_array_equal(fleet.global_scope()[name], value)
 
 
-def test_load_persistables_with_another_filename_than_the_save_names_the_one_to_pass(tmp_path):
+def test_load_persistables_with_another_filename_than_the_save_names_the_one_to_pass(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEET_SAVE_UNTRAINED", "1")  # initial values are enough here
     exe, _ = _trained(0)
     fleet.save_persistables(exe, str(tmp_path / "a"), filename="params")
     fleet.save_persistables(exe, str(tmp_path / "b"))

@@ -198,7 +198,8 @@ def test_save_inference_model_raises_paddles_type_and_value_errors(tmp_path):
     assert not os.path.exists(d)
 
 
-def test_load_inference_model_refuses_a_checkpoint_that_is_not_an_inference_model(tmp_path):
+def test_load_inference_model_refuses_a_checkpoint_that_is_not_an_inference_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEET_SAVE_UNTRAINED", "1")  # initial values are enough here
     exe, _ = _trained(steps=0)
     fleet.save_persistables(exe, str(tmp_path / "ckpt"))
     with pytest.raises(ConfigError, match=r"is not an inference model \(it holds no __model__\)"):

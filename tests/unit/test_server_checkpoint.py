@@ -197,6 +197,7 @@ def test_a_checkpoint_of_local_training_warm_starts_servers(tmp_path, monkeypatc
     from role_makers import LocalRoleMaker
 
     monkeypatch.setattr(fleet.base, "fleet", fleet.base.Fleet())
+    monkeypatch.setenv("FLEET_SAVE_UNTRAINED", "1")  # set values, not trained ones, are saved here
     fw.reset_default_programs()
     with fw.scope_guard(fw.Scope()):
         fleet.init(LocalRoleMaker())

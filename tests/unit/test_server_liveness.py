@@ -185,3 +185,84 @@ def test_the_failure_is_a_fleet_error_so_the_transport_sends_its_text_unchanged(
         ps.handle(req)
     assert str(error.value) == ps.failure and not isinstance(error.value, DataError)
     assert 1 in ps.told
+
+
+# ------------------------------------------------------------------ a worker that reports its failure
+def test_a_worker_reporting_its_error_fails_the_job_at_once_naming_it_and_its_error():
+    ps = make_server("sync", workers=2)
+    parked = sync_step(ps, 0, 1.0)
+    report = handle(ps, "fail", 1, meta={"reason": "DataError: worker 1 of 2: no examples"})
+    assert report.answer == ("ok", [], [])
+    failure = ("worker 1 was lost: it failed: DataError: worker 1 of 2: no examples. The job cannot go on "
+               "without its share of the data (fleet has no elastic training), so every worker stops; restart "
+               "the job from its last checkpoint")
+    assert parked.answer == ("error", failure)
+    assert ps.status() == {"failed": failure}
+    assert handle(ps, "fail", 0, meta={"reason": "RuntimeError: later"}).answer == ("ok", [], [])
+    assert ps.failure == failure  # the first failure stays the one reported
+    assert handle(ps, "fail", 0).answer == ("error", "fail needs meta 'reason': the text of the worker's error")
+
+
+def test_the_server_counts_the_updates_it_applied_for_checkpoint_info():
+    ps = make_server("async", workers=1)
+    assert handle(ps, "checkpoint_info", 0).answer == ("ok", [], [])
+    assert ps.updates == 0
+    handle(ps, "push", 0, ["w"], [np.ones((7, 2), np.float32)])
+    assert ps.updates == 1
+
+
+# ------------------------------------------------------------------ what a server waits for
+def test_waits_name_the_workers_a_parked_step_and_barrier_wait_for():
+    ps = make_server("sync", workers=3)
+    assert ps.waits() == []
+    sync_step(ps, 2, 1.0)
+    handle(ps, "barrier", 0)
+    waits = ps.waits()
+    assert [(what, arrived, missing) for what, _, arrived, missing in waits] == [
+        ("the sync step", [2], [0, 1]), ("barrier_worker", [0], [1, 2])]
+    handle(ps, "stop", 1)
+    assert [(what, arrived, missing) for what, _, arrived, missing in ps.waits()] == [
+        ("the sync step", [2], [0]), ("barrier_worker", [0], [2])]
+
+
+class FakeSocket:
+    endpoint = ENDPOINT
+
+    def __init__(self, heard):
+        self.heard = heard
+
+    def last_heard(self):
+        return dict(self.heard)
+
+    def set_heartbeat_status(self, meta):
+        pass
+
+
+def test_the_server_watch_logs_workers_to_connect_parked_steps_and_workers_to_stop(monkeypatch, caplog):
+    import logging
+    import threading
+    import time
+
+    from fleet.runtime import _ServerWatch
+
+    monkeypatch.setenv("FLEET_WAIT_LOG_MS", "1")
+    ps = make_server("sync", workers=2)
+    sock = FakeSocket({0: time.monotonic()})
+    watch = _ServerWatch(ps, sock, threading.Event(), 60.0, "server 0")
+    with caplog.at_level(logging.INFO, logger="fleet"):
+        time.sleep(0.01)
+        watch.tick()
+        sock.heard[1] = time.monotonic()
+        sync_step(ps, 0, 1.0)
+        time.sleep(0.01)
+        watch.tick()
+        sync_step(ps, 1, 1.0)
+        handle(ps, "stop", 1)
+        time.sleep(0.01)
+        watch.tick()
+    messages = [r.getMessage().rsplit(" for ", 1)[0] for r in caplog.records
+                if r.getMessage().startswith("waiting for")]
+    assert messages == [
+        f"waiting for 2 workers to connect to server 0 ({ENDPOINT}) (1 of 2 connected; not yet worker 1)",
+        "waiting for worker 1 at the sync step on server 0 (1 of 2 arrived)",
+        "waiting for worker 0 to call fleet.stop_worker() (server 0 serves until every worker did) (1 of 2 stopped)"]
