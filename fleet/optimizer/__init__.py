@@ -180,8 +180,9 @@ class Ftrl(Optimizer):
 
     Args:
         learning_rate, regularization, name: as ``Optimizer``.
-        l1, l2: the L1 / L2 penalties (>= 0). lr_power: the power of the summed squared
-            gradients in the per-coordinate rate (-0.5: 1 / sqrt).
+        l1, l2: the L1 / L2 penalties (>= 0; Paddle 1.x's op gets l1 for both, fleet
+            uses l2 as given). lr_power: the power of the summed squared gradients in the
+            per-coordinate rate (-0.5: 1 / sqrt).
 
     Raises:
         ConfigError: a negative penalty (named).
@@ -224,8 +225,8 @@ class DecayedAdagrad(Optimizer):
     DecayedAdagradOptimizer).
 
     Args:
-        learning_rate, regularization, name: as ``Optimizer``. decay: in [0, 1].
-        epsilon: added to the root.
+        learning_rate, regularization, name: as ``Optimizer``. decay: in [0, 1] (Paddle
+            1.x's op ignores it and uses 0.95; fleet uses it). epsilon: added to the root.
 
     Raises:
         ConfigError: decay outside [0, 1] (named).
