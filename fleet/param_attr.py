@@ -1,6 +1,7 @@
 """ParamAttr: how a layer names, initializes and trains its parameter."""
 from fleet.errors import ConfigError
 from fleet.initializer import Initializer
+from fleet.regularizer import check_regularizer
 
 
 class ParamAttr:
@@ -10,7 +11,12 @@ class ParamAttr:
         name: the parameter's name; layers given the same name share one parameter.
         initializer: a ``fleet.initializer`` object (default: the layer's own default).
         learning_rate: multiplies the optimizer's learning rate for this parameter.
+        regularizer: a ``fleet.regularizer`` object (L1Decay / L2Decay); it takes
+            precedence over the optimizer's ``regularization`` for this parameter.
         trainable: False freezes it.
+
+    Raises:
+        ConfigError: a value of the wrong kind (names it).
     """
 
     def __init__(self, name=None, initializer=None, learning_rate=1.0, regularizer=None,
@@ -23,8 +29,7 @@ class ParamAttr:
                 f"fleet.initializer.Uniform(-1, 1)), got {initializer!r}")
         if learning_rate < 0:
             raise ConfigError(f"ParamAttr learning_rate={learning_rate} must be >= 0")
-        if regularizer is not None:
-            raise ConfigError("ParamAttr regularizer is not supported; add the penalty to the loss")
+        self.regularizer = check_regularizer(regularizer, "ParamAttr regularizer")
         self.name = name
         self.initializer = initializer
         self.learning_rate = float(learning_rate)
@@ -47,4 +52,5 @@ class ParamAttr:
 
     def __repr__(self):
         return (f"ParamAttr(name={self.name!r}, initializer={self.initializer!r}, "
-                f"learning_rate={self.learning_rate}, trainable={self.trainable})")
+                f"learning_rate={self.learning_rate}, regularizer={self.regularizer!r}, "
+                f"trainable={self.trainable})")

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from fleet.errors import ConfigError
-from fleet.kernels import optim, sparse
+from fleet.kernels import adaptive, optim, sparse
 
 
 class Rule:
@@ -171,23 +171,214 @@ class AdamRule(Rule):
                self.beta2, eps_t)
 
 
-_RULES = {cls.type: cls for cls in (SGDRule, MomentumRule, AdagradRule, AdamRule)}
+class _RowsRule(Rule):
+    """A rule whose sparse form updates only the (merged) rows of the gradient."""
+
+    _dense = _rows = None  # kernel names in fleet.kernels.adaptive
+
+    def _scalars(self):
+        raise NotImplementedError
+
+    def _states(self, state):
+        return [state[name] for name in self.row_state_names]
+
+    def apply_dense(self, param, grad, state, lr):
+        getattr(adaptive, self._dense)(_flat(param), *[_flat(a) for a in self._states(state)], _flat(grad),
+                                       float(lr), *self._scalars())
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if len(rows):
+            uniq, summed = _merged(rows, values)
+            getattr(adaptive, self._rows)(param, *self._states(state), uniq, summed, float(lr), *self._scalars())
+
+
+class FtrlRule(_RowsRule):
+    """Paddle's FTRL-Proximal (l1, l2, lr_power); sparse: only the gradient's rows, as Paddle."""
+
+    type = "ftrl"
+    state_names = row_state_names = ("squared", "linear")
+    attr_names = ("l1", "l2", "lr_power")
+    _dense, _rows = "ftrl_dense", "ftrl_rows"
+
+    def __init__(self, l1=0.0, l2=0.0, lr_power=-0.5):
+        self.l1, self.l2, self.lr_power = float(l1), float(l2), float(lr_power)
+
+    def _scalars(self):
+        return self.l1, self.l2, self.lr_power
+
+
+class RMSPropRule(_RowsRule):
+    """Paddle's RMSProp (op attribute ``decay`` is the optimizer's rho). Sparse: only the
+    gradient's rows (Paddle's kernel also decays every other row with a zero gradient)."""
+
+    type = "rmsprop"
+    state_names = row_state_names = ("mean_square", "momentum", "mean_grad")
+    attr_names = ("decay", "epsilon", "momentum", "centered")
+    _dense, _rows = "rmsprop_dense", "rmsprop_rows"
+
+    def __init__(self, decay=0.95, epsilon=1e-6, momentum=0.0, centered=False):
+        self.decay, self.epsilon, self.momentum = float(decay), float(epsilon), float(momentum)
+        self.centered = bool(centered)
+
+    def _scalars(self):
+        return self.decay, self.epsilon, self.momentum, int(self.centered)
+
+
+class DecayedAdagradRule(_RowsRule):
+    """Paddle's decayed Adagrad. Sparse: only the gradient's rows (Paddle's op takes dense
+    gradients only)."""
+
+    type = "decayed_adagrad"
+    state_names = row_state_names = ("moment",)
+    attr_names = ("decay", "epsilon")
+    _dense, _rows = "decayed_adagrad_dense", "decayed_adagrad_rows"
+
+    def __init__(self, decay=0.95, epsilon=1e-6):
+        self.decay, self.epsilon = float(decay), float(epsilon)
+
+    def _scalars(self):
+        return self.decay, self.epsilon
+
+
+class LambRule(_RowsRule):
+    """Paddle 1.x's Lamb (no bias correction; ``weight_decay`` is 0 for parameters the
+    optimizer's exclude function names). The trust ratio is over the whole array (a
+    server: its block or shard); sparse: over the gradient's rows, and only they change
+    (Paddle's kernel updates every row, those outside the batch with a zero gradient)."""
+
+    type = "lamb"
+    state_names = row_state_names = ("moment1", "moment2")
+    attr_names = ("beta1", "beta2", "epsilon", "weight_decay")
+    _dense, _rows = "lamb_dense", "lamb_rows"
+
+    def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-6, weight_decay=0.01):
+        self.beta1, self.beta2 = float(beta1), float(beta2)
+        self.epsilon, self.weight_decay = float(epsilon), float(weight_decay)
+
+    def _scalars(self):
+        return self.beta1, self.beta2, self.epsilon, self.weight_decay
+
+
+class AdamaxRule(_RowsRule):
+    """Paddle's Adamax: ``lr / (1 - beta1_pow)`` with ``beta1_pow`` (scalar state, starting
+    at beta1) multiplied by beta1 after each update. Sparse: only the gradient's rows (an
+    empty gradient is no update); Paddle's op takes dense gradients only."""
+
+    type = "adamax"
+    state_names = ("moment", "inf_norm", "beta1_pow")
+    row_state_names = ("moment", "inf_norm")
+    attr_names = ("beta1", "beta2", "epsilon")
+    _dense, _rows = "adamax_dense", "adamax_rows"
+
+    def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-8):
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+
+    def init_state(self, shape):
+        state = super().init_state(shape)
+        state["beta1_pow"] = np.full(1, self.beta1, dtype=np.float64)
+        return state
+
+    def _lr_t(self, state, lr):
+        b1p = float(state["beta1_pow"][0])
+        state["beta1_pow"][0] = b1p * self.beta1
+        return float(lr) / (1.0 - b1p)
+
+    def _scalars(self):
+        return self.beta1, self.beta2, self.epsilon
+
+    def apply_dense(self, param, grad, state, lr):
+        super().apply_dense(param, grad, state, self._lr_t(state, lr))
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if len(rows):
+            super().apply_sparse(param, rows, values, state, self._lr_t(state, lr))
+
+
+class AdadeltaRule(_RowsRule):
+    """Paddle 1.x's Adadelta, whose op has no learning rate (``lr`` is ignored). Sparse:
+    only the gradient's rows; Paddle's op takes dense gradients only."""
+
+    type = "adadelta"
+    state_names = row_state_names = ("avg_squared_grad", "avg_squared_update")
+    attr_names = ("rho", "epsilon")
+
+    def __init__(self, rho=0.95, epsilon=1e-6):
+        self.rho, self.epsilon = float(rho), float(epsilon)
+
+    def apply_dense(self, param, grad, state, lr):
+        adaptive.adadelta_dense(_flat(param), *[_flat(a) for a in self._states(state)], _flat(grad),
+                                self.rho, self.epsilon)
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if len(rows):
+            uniq, summed = _merged(rows, values)
+            adaptive.adadelta_rows(param, *self._states(state), uniq, summed, self.rho, self.epsilon)
+
+
+REGULARIZER_ATTRS = ("regularizer", "regularizer_coeff")
+
+
+class RegularizedRule:
+    """A rule whose gradient first gets the weight-decay term of Paddle's L1Decay
+    (``coeff * sign(param)``) or L2Decay (``coeff * param``), in float32.
+
+    Sparse gradients are merged first and regularized on their rows only (Paddle 1.8
+    adds the dense decay of the whole table, making the gradient dense). Everything else
+    (state, attributes) is the wrapped rule's.
+    """
+
+    def __init__(self, rule, kind, coeff):
+        if kind not in ("l1", "l2"):
+            raise ConfigError(f"regularizer={kind!r} is not 'l1' or 'l2'")
+        self.rule, self.kind, self.coeff = rule, kind, float(coeff)
+
+    def __getattr__(self, name):
+        return getattr(self.rule, name)
+
+    def attrs(self):
+        out = self.rule.attrs()
+        out.update(regularizer=self.kind, regularizer_coeff=self.coeff)
+        return out
+
+    def _decay(self, param):
+        c = np.float32(self.coeff)
+        return c * (np.sign(param) if self.kind == "l1" else param)
+
+    def apply_dense(self, param, grad, state, lr):
+        grad = np.asarray(grad, dtype=np.float32).reshape(param.shape) + self._decay(param)
+        self.rule.apply_dense(param, grad, state, lr)
+
+    def apply_sparse(self, param, rows, values, state, lr):
+        if not len(rows):
+            return self.rule.apply_sparse(param, rows, values, state, lr)
+        uniq, summed = _merged(rows, values)
+        summed += self._decay(param[uniq])
+        self.rule.apply_sparse(param, uniq, summed, state, lr)
+
+    def __repr__(self):
+        return f"RegularizedRule({self.rule!r}, {self.kind}, {self.coeff})"
+
+
+_RULES = {cls.type: cls for cls in (SGDRule, MomentumRule, AdagradRule, AdamRule, FtrlRule, RMSPropRule,
+                                    DecayedAdagradRule, LambRule, AdamaxRule, AdadeltaRule)}
 
 
 def rule_from_op_attrs(op_type, attrs):
     """Builds the rule of an optimizer op from its attributes, ignoring the others
     (learning_rate, op_role, ...): how both local update ops and servers get their rule."""
     cls = _RULES.get(op_type)
-    names = cls.attr_names if cls is not None else ()
+    names = (cls.attr_names if cls is not None else ()) + REGULARIZER_ATTRS
     return make_rule(op_type, {k: attrs[k] for k in names if k in attrs})
 
 
 def make_rule(op_type, attrs=None):
-    """Builds the rule of optimizer ``op_type`` ("sgd", "momentum", "adagrad", "adam").
+    """Builds the rule of optimizer ``op_type`` (one of ``_RULES``); attributes
+    ``regularizer`` ("l1" / "l2" / "") and ``regularizer_coeff`` wrap it in a
+    ``RegularizedRule``.
 
     Raises:
         ConfigError: the type is unknown (Paddle: "Not supported optimizer for distributed
-            training: %s").
+            training: %s"), or an unknown regularizer.
     """
     cls = _RULES.get(op_type)
     if cls is None:
@@ -195,4 +386,8 @@ def make_rule(op_type, attrs=None):
             f"Not supported optimizer for distributed training: {op_type}; "
             f"use one of {sorted(_RULES)}"
         )
-    return cls(**(attrs or {}))
+    attrs = dict(attrs or {})
+    kind = attrs.pop("regularizer", "") or ""
+    coeff = attrs.pop("regularizer_coeff", 0.0)
+    rule = cls(**attrs)
+    return RegularizedRule(rule, kind, coeff) if kind else rule

@@ -32,7 +32,7 @@ from fleet.framework.program import serialize_program
 from fleet.framework.scope import Scope, global_scope
 from fleet.logs import WaitLog
 from fleet.rules import rule_from_op_attrs
-from fleet.server.checkpoint import initial_values, state_var
+from fleet.server.checkpoint import SERVER_COUNTERS, initial_values, state_var
 from fleet.server.parameter_server import ParameterServer
 from fleet.transpiler.plan import DISTRIBUTED, SPARSE, build_plan
 from fleet.transpiler.worker_program import (has_server_updates, reads_server_params, transpile_eval,
@@ -243,6 +243,7 @@ class WorkerRuntime:
                         writer.add(v.name, np.asarray(value))
             tables = write_server_params(writer, self.comm, self.plan.params.values(),
                                          with_state=self.plan.mode != "geo")
+            write_server_lr_steps(writer, self.comm, self.plan)
             writer.extra["tables"] = tables
         return writer.dirname
 
@@ -367,6 +368,16 @@ def write_server_params(writer, comm, params, with_state=True):
         else:
             _write_param(writer, comm, pplan, row_keys, scalar_keys, with_state)
     return tables
+
+
+def write_server_lr_steps(writer, comm, plan):
+    """Writes ``@LR_DECAY_COUNTER@@servers`` (each server's learning-rate counter, -1
+    for a server without a schedule) when the servers evaluate a schedule."""
+    if plan.mode == "geo" or not plan.has_lr_schedule():
+        return
+    steps = comm.lr_steps()
+    values = [steps[ep] if steps.get(ep) is not None else -1 for ep in plan.server_endpoints]
+    writer.add(SERVER_COUNTERS, np.array(values, dtype=np.int64).reshape(-1, 1))
 
 
 def _write_param(writer, comm, pplan, row_keys, scalar_keys, with_state):

@@ -321,6 +321,12 @@ class Communicator(TrainingHooks):
         replies = self._all({ep: ("checkpoint_info", [], [], None) for ep in self.endpoints})
         return {ep: reply.meta for ep, reply in replies.items()}
 
+    def lr_steps(self):
+        """Returns {endpoint: step}: each server's learning-rate step counter (None where a
+        server evaluates no schedule). Blocks (bounded)."""
+        replies = self._all({ep: ("lr_step", [], [], None) for ep in self.endpoints})
+        return {ep: (reply.meta["step"] if reply.meta.get("schedule") else None) for ep, reply in replies.items()}
+
     def prefetch(self, table, ids, is_test=False):
         """Pulls the rows of ``table`` that ``ids`` name (blocks until they arrive).
 

@@ -149,9 +149,10 @@ class CompiledProgram:
             for r in active:
                 r.step_group = group if len(active) > 1 else None
             try:
+                active[0].run(optimize=False, compute=False, schedule=True)  # the rate, once per step
                 sizes = self._compute(active, parts)
                 lead = combine_step(active, sizes, plan.grad_names, split=True)
-                lead.run(compute=False)
+                lead.run(compute=False, schedule=False)
                 if plan.trains and any(parts):
                     scope.record_training(sum(sizes))
                 return self._fetch(active, fetch_list, return_numpy, return_merged)

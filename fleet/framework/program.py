@@ -21,6 +21,9 @@ DTYPES = ("float32", "int64", "float64", "int32", "bool")
 
 # op_role values (Paddle's OpRole): what a pass or clone(for_test) may drop.
 FORWARD, BACKWARD, OPTIMIZE, LOSS = "forward", "backward", "optimize", "loss"
+# The learning-rate schedule's ops (the step counter's increment and the schedule): they
+# run once per update, with the optimizer ops, and test clones drop them.
+LRSCHED = "lr_sched"
 
 
 class _UniqueNames:
@@ -113,7 +116,10 @@ class Parameter(Variable):
         learning_rate: a multiplier of the optimizer's learning rate.
         is_sparse: its gradient is sent as ``SparseRows`` (embedding tables).
         is_distributed: the table lives only on the servers, keyed by any int64 id.
+        regularizer: a ``fleet.regularizer`` object or None (the optimizer's then applies).
     """
+
+    regularizer = None
 
     def __init__(self, block, name, shape, dtype="float32", initializer=None, trainable=True,
                  learning_rate=1.0, is_sparse=False, is_distributed=False):
@@ -343,7 +349,7 @@ class Program:
         for name, var in src.vars.items():
             dst.vars[name] = var._copy_to(dst)
         for op in src.ops:
-            if for_test and op.attr("op_role") in (BACKWARD, OPTIMIZE):
+            if for_test and op.attr("op_role") in (BACKWARD, OPTIMIZE, LRSCHED):
                 continue
             if for_test and op.attr("op_role") == LOSS and op.type == "fill_constant":
                 continue

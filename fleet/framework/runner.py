@@ -9,13 +9,19 @@ import numpy as np
 from fleet.errors import DataError
 from fleet.framework import passes
 from fleet.framework.context import OpContext
-from fleet.framework.program import OPTIMIZE
+from fleet.framework.program import LRSCHED, OPTIMIZE
 from fleet.framework.registry import get_op_def, has_op
 from fleet.framework.tensor import LoDTensor, SparseRows, as_lod_tensor
 from fleet.kernels import sparse as sparse_kernels
 
 _NP_DTYPES = {"float32": np.float32, "int64": np.int64, "float64": np.float64,
               "int32": np.int32, "bool": np.bool_}
+
+
+# The phases of a step. Schedule ops (the learning-rate counter's increment and the
+# schedule) run once per update, like the optimizer ops, but before the compute ops read
+# the rate: when threads split a batch, the lead runs them first, then the others compute.
+COMPUTE, OPTIMIZE_PHASE, SCHEDULE = 0, 1, 2
 
 
 class Plan:
@@ -26,16 +32,20 @@ class Plan:
         ops = passes.optimize_for_execution(program)
         self.persistable = frozenset(n for n, v in block.vars.items() if v.persistable)
         self.data_vars = {n: v for n, v in block.vars.items() if v.is_data}
-        self.steps = []  # (method, op, is_optimize)
+        self.steps = []  # (method, op, phase): COMPUTE, OPTIMIZE or SCHEDULE
         for op in ops:
             opdef = get_op_def(op.type)
             is_grad = op.type.endswith("_grad") and not has_op(op.type)
             method = opdef.backward if is_grad else opdef.forward
-            self.steps.append((method, op, op.attr("op_role") == OPTIMIZE))
+            role = op.attr("op_role")
+            phase = SCHEDULE if role == LRSCHED else OPTIMIZE_PHASE if role == OPTIMIZE else COMPUTE
+            self.steps.append((method, op, phase))
         # Every gradient an optimizer-role op reads: one per optimizer op locally, all of
         # them for a distributed worker's single send op.
-        self.grad_names = list(dict.fromkeys(n for _, op, opt in self.steps if opt for n in op.input("Grad")))
-        self.trains = any(opt for _, _, opt in self.steps)  # updates parameters (or sends updates)
+        self.grad_names = list(dict.fromkeys(n for _, op, phase in self.steps if phase == OPTIMIZE_PHASE
+                                             for n in op.input("Grad")))
+        # updates parameters (or sends updates)
+        self.trains = any(phase == OPTIMIZE_PHASE for _, _, phase in self.steps)
 
 
 class Runner:
@@ -48,12 +58,15 @@ class Runner:
         # Set by the dataset trainer on the runners of one batch split across Reduce
         # threads (metric ops count the parts as one step); None otherwise.
         self.step_group = None
-        self.contexts = [(m, OpContext(op, self.local, scope, plan.persistable, self), opt)
-                         for m, op, opt in plan.steps]
+        self.contexts = [(m, OpContext(op, self.local, scope, plan.persistable, self), phase)
+                         for m, op, phase in plan.steps]
 
-    def run(self, optimize=True, compute=True):
-        for method, ctx, is_opt in self.contexts:
-            if (optimize if is_opt else compute):
+    def run(self, optimize=True, compute=True, schedule=None):
+        """Runs the ops of the chosen phases in program order; ``schedule`` (the
+        learning-rate ops) defaults to ``optimize``."""
+        wanted = (compute, optimize, optimize if schedule is None else schedule)
+        for method, ctx, phase in self.contexts:
+            if wanted[phase]:
                 method(ctx)
 
     def value(self, name):

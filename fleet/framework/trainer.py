@@ -191,9 +191,11 @@ class DatasetTrainer:
                 def compute(pair):
                     runner, batch = pair
                     n = self._feed(runner, batch)
-                    runner.run(optimize=False)
+                    runner.run(optimize=False, schedule=False)
                     return n
 
+                lead = active[0]
+                lead.run(optimize=False, compute=False, schedule=True)  # the rate, once per update
                 if self.serial:
                     sizes = [compute(pair) for pair in zip(active, batches)]
                 else:
@@ -201,7 +203,7 @@ class DatasetTrainer:
                 # A split batch's parts are weighted by their share of its examples, so the
                 # update is the whole batch's mean gradient (as one thread computes it).
                 lead = combine_step(active, sizes, self.plan.grad_names, self.split)
-                lead.run(compute=False)
+                lead.run(compute=False, schedule=False)
                 if self.split:
                     self._record(lead, sum(sizes))
                 else:

@@ -20,6 +20,9 @@ from fleet.layers.sequence import sequence_expand, sequence_expand_as, sequence_
 from fleet.layers.loss import (cross_entropy, log_loss, sigmoid_cross_entropy_with_logits,
                                softmax_with_cross_entropy, square_error_cost, mse_loss)
 from fleet.layers.metric import accuracy, auc
+from fleet.layers.learning_rate_scheduler import (exponential_decay, natural_exp_decay, inverse_time_decay,
+                                                  polynomial_decay, piecewise_decay, noam_decay, cosine_decay,
+                                                  linear_lr_warmup)
 
 __all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "reshape", "scale", "cast",
            "fill_constant", "create_parameter", "relu", "sigmoid", "tanh", "softmax", "square",
@@ -31,4 +34,6 @@ __all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "reshape", "sca
            "dropout", "batch_norm", "layer_norm", "sequence_expand", "sequence_expand_as",
            "sequence_softmax", "cross_entropy", "log_loss", "softmax_with_cross_entropy",
            "square_error_cost", "mse_loss",
-           "sigmoid_cross_entropy_with_logits", "accuracy", "auc"]
+           "sigmoid_cross_entropy_with_logits", "accuracy", "auc", "exponential_decay", "natural_exp_decay",
+           "inverse_time_decay", "polynomial_decay", "piecewise_decay", "noam_decay", "cosine_decay",
+           "linear_lr_warmup"]

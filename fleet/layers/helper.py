@@ -25,6 +25,8 @@ def create_parameter(layer_name, attr, shape, dtype="float32", default_initializ
     param = main_block().create_parameter(
         name, shape, dtype, initializer=init, trainable=attr.trainable,
         learning_rate=attr.learning_rate, **flags)
+    if attr.regularizer is not None:
+        param.regularizer = attr.regularizer
     for key, value in flags.items():  # a shared table is sparse if any use says so
         if value and not getattr(param, key):
             setattr(param, key, value)

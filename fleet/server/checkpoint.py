@@ -15,6 +15,10 @@ un-split too), so they load onto any number of servers:
   A table saved by local training (``t`` as a dense [rows, dim] array) loads too: row
   ``i`` is id ``i``.
 
+- the learning-rate step counter: ``@LR_DECAY_COUNTER@`` (int64 [1]; the worker's own, as
+  local training saves it) and ``@LR_DECAY_COUNTER@@servers`` (int64 [servers, 1], each
+  server's counter, -1 where a server evaluates no schedule).
+
 ``load_server_state`` gives each server its blocks' rows (``Block.rows_of``) and its
 share of each table (``id % server_num == index``); the per-block or per-server scalar
 state is used when the layout is the same as when saved, else the row-0 / server-0 value.
@@ -23,8 +27,11 @@ import itertools
 
 import numpy as np
 
+from fleet import schedules
 from fleet.errors import ConfigError, DataError
 from fleet.transpiler.plan import DISTRIBUTED
+
+SERVER_COUNTERS = schedules.COUNTER + "@servers"
 
 _SCAN_ROWS = 1 << 20  # ids examined per step when selecting a server's share of a table
 
@@ -149,7 +156,19 @@ def load_server_state(ps, reader):
         table.load_state_dict(_block_state(reader, pplan, block, table.rule))
     for name, (pplan, table) in ps.shards.items():
         table.load_state_dict(_shard_state(reader, pplan, table.rule, index, servers))
+    if ps.has_lr_schedule:
+        ps.lr_step = _lr_step(reader, index, servers)
 
+
+def _lr_step(reader, index, servers):
+    """This server's saved learning-rate counter: its own if the checkpoint was saved
+    from as many servers and it counted, else the saved worker's (or local training's)."""
+    if SERVER_COUNTERS in reader and reader.shape(SERVER_COUNTERS) == (servers, 1):
+        step = int(np.asarray(reader.get(SERVER_COUNTERS))[index, 0])
+        if step >= 0:
+            return step
+    counter = _need(reader, schedules.COUNTER, (1,), np.int64)
+    return int(np.asarray(counter)[0])
 
 def initial_values(reader, plan, endpoint):
     """{param: saved whole value} (memory-mapped) of the dense and is_sparse parameters

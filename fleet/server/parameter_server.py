@@ -13,6 +13,15 @@ Per mode:
 - GEO: ``geo_push`` adds deltas and answers with the dense blocks and the sparse rows
   changed since this worker's last GEO exchange.
 
+Learning-rate schedules (a parameter whose optimizer rate is a ``fleet.layers`` schedule)
+are evaluated here from this server's own step counter, as Paddle's pserver runs the
+schedule's ops: the counter starts at the plan's ``lr_begin - 1`` and steps once per
+applied update (sync: once per step of all workers; async / half-async: once per push
+applied, or per merged group of ``merge_pushes``); GEO workers evaluate it themselves.
+``lr_step`` answers the counter (checkpoints save it). In async mode this differs from
+Paddle 1.x's pserver, which runs the schedule's block once at start (``RunAsyncLoop``
+runs block 1 only when no gradient is bound to it), so its rate stays at the first value.
+
 Checkpoints (``fleet.server.checkpoint``): ``pull_state`` answers rows of blocks with
 their optimizer state, ``pull_shard`` reads a distributed table out chunk by chunk, and
 ``load`` restores a server's share of a checkpoint saved whole.
@@ -38,6 +47,7 @@ import time
 
 import numpy as np
 
+from fleet import schedules
 from fleet.errors import ConfigError, DataError, FleetError
 from fleet.rules import rule_from_op_attrs
 from fleet.server.checkpoint import ShardCursor, load_server_state
@@ -110,6 +120,9 @@ class ParameterServer:
         self.last_seen = {}
         self._cursors = {}  # (worker, table) -> ShardCursor of a table read out for saving
         self.loaded = {"dirname": None, "save_id": None, "step": None, "epoch": None}
+        self.has_lr_schedule = self.mode != "geo" and any(
+            p.lr_schedule is not None for p, _ in plan.blocks_on(endpoint))
+        self.lr_step = int(getattr(plan, "lr_begin", 0)) - 1  # @LR_DECAY_COUNTER@ of this server
         self.updates = 0  # pushes applied (sync steps count once per worker)
         self.first_stop = None
         self._parked_since = {}  # "sync" / "barrier" / "exchange" -> when its first request was parked
@@ -201,20 +214,32 @@ class ParameterServer:
             values = table.pull_rows(ids - block.row_offset)
         req.reply(names=[table_name], arrays=[values])
 
+    def _step_lr(self):
+        """One update is about to be applied: the schedule's counter steps."""
+        if self.has_lr_schedule:
+            self.lr_step += 1
+
+    def _lr(self, pplan):
+        """The rate of ``pplan``'s update now: its own, or its schedule's at this server's
+        counter times the parameter's multiplier (as the worker's update op computes it)."""
+        if pplan.lr_schedule is None:
+            return pplan.learning_rate
+        return pplan.learning_rate * float(schedules.value(pplan.lr_schedule, self.lr_step))
+
     def _apply(self, name, grad, worker=None, scale=1.0):
         if name in self.shards:
             pplan, table = self.shards[name]
             rows, values = grad
             if scale != 1.0:
                 values = values * np.float32(scale)
-            table.push(rows, values, pplan.learning_rate)
+            table.push(rows, values, self._lr(pplan))
             return
         pplan, block, table = self._dense(name)
         if isinstance(grad, tuple):
             rows, values = grad
             if scale != 1.0:
                 values = values * np.float32(scale)
-            table.push_rows(rows - block.row_offset, values, pplan.learning_rate)
+            table.push_rows(rows - block.row_offset, values, self._lr(pplan))
             return
         grad = np.asarray(grad, dtype=np.float32).reshape(table.shape)
         if scale != 1.0:
@@ -224,7 +249,7 @@ class ParameterServer:
             if bak is not None:
                 param = table.pull()
                 grad = grad + grad * grad * (param - bak)
-        table.push(grad, pplan.learning_rate)
+        table.push(grad, self._lr(pplan))
 
     def _checked_grads(self, req):
         """Returns [(name, grad)] of a push once every one fits what this server holds.
@@ -261,6 +286,7 @@ class ParameterServer:
         pushes are in (their mean, as one update)."""
         grads = self._checked_grads(req)
         if self.merge_pushes == 1:
+            self._step_lr()
             for name, grad in grads:
                 self._apply(name, grad, worker=req.worker)
         else:
@@ -288,6 +314,7 @@ class ParameterServer:
             return
         pending, pushes = self._pending, self._pending_pushes
         self._pending, self._pending_pushes = {}, 0
+        self._step_lr()
         for name, grads in pending.items():
             self._apply_mean(name, grads, count=pushes)
 
@@ -332,6 +359,7 @@ class ParameterServer:
 
     def _finish_sync(self, reqs):
         n = len(reqs)
+        self._step_lr()
         merged = {}
         for req in reqs:
             for name, grad in _grads(req):
@@ -526,6 +554,11 @@ class ParameterServer:
             del self._cursors[key]
         req.reply(names=list(chunk), arrays=list(chunk.values()),
                   meta={"cursor": cursor.id, "done": done, "total": cursor.limit})
+
+    def _op_lr_step(self, req):
+        """This server's learning-rate step counter: meta ``step`` (the value the last
+        update used) and ``schedule`` (whether it evaluates a schedule)."""
+        req.reply(meta={"step": self.lr_step, "schedule": self.has_lr_schedule})
 
     def _op_checkpoint_info(self, req):
         """Which checkpoint this server loaded: meta ``dirname``, ``save_id``, ``step``,

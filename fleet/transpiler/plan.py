@@ -8,6 +8,7 @@ plan from the same program and strategy, so they agree without talking.
 import math
 from dataclasses import dataclass, field
 
+from fleet import schedules
 from fleet.errors import ConfigError
 from fleet.framework.program import OPTIMIZE, Parameter
 
@@ -39,7 +40,11 @@ class Block:
 
 @dataclass
 class ParamPlan:
-    """One trainable parameter: shape, kind, blocks and its optimizer."""
+    """One trainable parameter: shape, kind, blocks and its optimizer.
+
+    ``learning_rate`` is the rate itself, or with a ``lr_schedule`` (a
+    ``fleet.schedules`` spec) the parameter's multiplier of the schedule's rate.
+    """
 
     name: str
     shape: tuple
@@ -51,6 +56,7 @@ class ParamPlan:
     blocks: list = field(default_factory=list)
     init_spec: tuple = None
     seed: int = 0
+    lr_schedule: dict = None
 
     @property
     def width(self):
@@ -89,12 +95,18 @@ def slice_variable(shape, slice_count, min_block_size):
 
 @dataclass
 class DistPlan:
-    """The placement of every trainable parameter for one job."""
+    """The placement of every trainable parameter for one job. ``lr_begin``: the first
+    value of the learning-rate step counter (servers count their own updates from it)."""
 
     mode: str
     server_endpoints: list
     worker_num: int
     params: dict  # name -> ParamPlan, in optimizer-op order
+    lr_begin: int = 0
+
+    def has_lr_schedule(self):
+        """True if some parameter's rate is a schedule the servers evaluate."""
+        return any(p.lr_schedule is not None for p in self.params.values())
 
     def blocks_on(self, endpoint):
         """Returns [(ParamPlan, Block)] that ``endpoint`` holds."""
@@ -107,6 +119,43 @@ class DistPlan:
 def _optimizer_ops(program):
     return [op for op in program.global_block().ops if op.attr("op_role") == OPTIMIZE
             and op.input("Param")]
+
+
+def _producer(block, name):
+    """The last op writing ``name`` (a schedule's output is written once)."""
+    found = None
+    for op in block.ops:
+        if name in op.output("Out"):
+            found = op
+    return found
+
+
+def resolve_lr_schedule(block, name):
+    """The ``fleet.schedules`` spec of learning-rate variable ``name`` (a nested spec
+    where a schedule reads another's output), for servers to evaluate.
+
+    Raises:
+        ConfigError: ``name`` is not the output of a ``fleet.layers`` schedule (servers
+            evaluate only those).
+    """
+    op = _producer(block, name)
+    if op is None or op.type != "lr_schedule":
+        made = f"op {op.type!r}" if op is not None else "no op"
+        raise ConfigError(
+            f"learning rate {name!r} is computed by {made}; in distributed training the servers evaluate "
+            f"the rate themselves and know only fleet.layers schedules (exponential_decay, piecewise_decay, "
+            f"...): pass the schedule's Variable to the optimizer directly")
+    spec = dict(op.attr("spec"))
+    if op.input("LearningRate"):
+        spec["learning_rate"] = resolve_lr_schedule(block, op.input("LearningRate")[0])
+    return spec
+
+
+def _lr_begin(block):
+    for op in block.ops:
+        if op.type == "increment" and op.output("Out") == [schedules.COUNTER]:
+            return int(op.attr("begin", 0))
+    return 0
 
 
 def build_plan(program, strategy, server_endpoints, worker_num):
@@ -148,6 +197,8 @@ def build_plan(program, strategy, server_endpoints, worker_num):
         attrs = {k: v for k, v in op.attrs.items() if k not in ("op_role", "learning_rate", "is_test")}
         plan = ParamPlan(param.name, tuple(param.shape), kind, op.type, attrs,
                          float(op.attr("learning_rate")), op.input("Grad")[0])
+        if op.input("LearningRate") and strategy.mode != "geo":  # GEO workers run their own optimizer
+            plan.lr_schedule = resolve_lr_schedule(block, op.input("LearningRate")[0])
         if param.initializer is not None and hasattr(param.initializer, "spec"):
             try:
                 plan.init_spec = param.initializer.spec(param.shape)
@@ -182,4 +233,4 @@ def build_plan(program, strategy, server_endpoints, worker_num):
             rows = size // width
             plan.blocks.append(Block(plan.name, i, offset, rows, width, ep, split))
             offset += rows
-    return DistPlan(strategy.mode, list(server_endpoints), int(worker_num), params)
+    return DistPlan(strategy.mode, list(server_endpoints), int(worker_num), params, _lr_begin(block))

@@ -23,7 +23,7 @@ from fleet.framework import io as fio
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ckpt_model.py")
 FLEETRUN = (sys.executable, "-m", "fleet.launch")
-LAYOUT = ("@blocks", "@block_offsets", "@shards")  # per-block / per-server records of scalar state
+LAYOUT = ("@blocks", "@block_offsets", "@shards", "@servers")  # per-block / per-server records of scalar state
 TABLE = "dtable"
 
 
@@ -130,6 +130,8 @@ def test_after_kill_9_the_job_resumes_from_the_latest_valid_checkpoint_bit_for_b
     assert sorted(again) == sorted(reference)
     assert {"emb_moment2_0", "fc_0.w_0_beta1_pow_0@blocks", f"{TABLE}@ids", f"{TABLE}_moment1_0@values",
             f"{TABLE}_beta2_pow_0@shards", "fc_1.b_0_beta2_pow_0"} <= set(reference)
+    # each server's learning-rate counter after steps 0..11, loaded and saved back
+    assert reference["@LR_DECAY_COUNTER@@servers"].tolist() == [[11], [11]]
     for name, value in reference.items():
         assert again[name].dtype == value.dtype, name
         np.testing.assert_array_equal(again[name], value, err_msg=name)
@@ -176,5 +178,7 @@ def test_a_checkpoint_loads_onto_another_number_of_servers(killed_job, fleetrun,
     manifest = fio.read_manifest(str(resaved))
     assert manifest["extra"]["server_num"] == servers
     assert again[f"{TABLE}_beta1_pow_0@shards"].shape == (servers, 1)
+    # another server count: each server takes the saved worker's counter
+    assert again["@LR_DECAY_COUNTER@@servers"].tolist() == [[11]] * servers
     blocks = len(again["fc_0.w_0@block_offsets"]) if "fc_0.w_0@block_offsets" in again else 1
     assert blocks == servers  # [13, 2048] is split into one block per server

@@ -50,6 +50,18 @@ def test_sync_two_workers_match_one_process_with_double_batch(fleetrun, tmp_path
     np.testing.assert_allclose(w0["emb_probe"], local["emb"][:10], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_sync_servers_apply_a_schedule_and_regularizers_as_one_process_does(fleetrun, tmp_path):
+    # RMSProp with exponential_decay, an optimizer L2Decay and a ParamAttr L1Decay: the
+    # servers step their counter once per sync step and add each decay once
+    local, local_info = _local(tmp_path, "sync", 6, 8, "--schedule")
+    (w0, info0), (w1, _) = _distributed(fleetrun, tmp_path, "sync", 6, 8, "--schedule")
+    for name in PARAMS + ("emb",):
+        np.testing.assert_allclose(w0[name], local[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(w0[name], w1[name], err_msg=name)
+    assert info0["lr"] == local_info["lr"] == pytest.approx(0.01 * 0.5 ** 2.5)  # step 5 of 0..5
+
+
 @pytest.mark.parametrize("mode", ["async", "half_async", "geo"])
 def test_each_strategy_trains_and_workers_end_with_the_servers_values(fleetrun, tmp_path, mode):
     (w0, info0), (w1, info1) = _distributed(fleetrun, tmp_path, mode, 24, 8)

@@ -18,7 +18,15 @@ from role_makers import LocalRoleMaker, Role, RoleMakerBase
 pytestmark = pytest.mark.usefixtures("fresh_fleet")
 
 
-def _build(role_maker=None):
+def _adam():
+    return optimizer.Adam(0.05)
+
+
+def _rmsprop_schedule():  # the step counter and the rate are state a resume restores
+    return optimizer.RMSProp(layers.exponential_decay(0.05, 2, 0.5), regularization=fleet.regularizer.L2Decay(0.01))
+
+
+def _build(role_maker=None, make_opt=_adam):
     fleet.init(role_maker or LocalRoleMaker())
     fleet.default_startup_program().random_seed = 4
     x = layers.data("x", shape=[3])
@@ -27,7 +35,7 @@ def _build(role_maker=None):
     emb = layers.sequence_pool(layers.embedding(ids, size=[20, 2], is_sparse=True, param_attr="t"), "sum")
     pred = layers.fc(layers.concat([emb, x], axis=1), 2, act="softmax", param_attr="w", bias_attr="b")
     loss = layers.mean(layers.cross_entropy(pred, y))
-    fleet.distributed_optimizer(optimizer.Adam(0.05)).minimize(loss)
+    fleet.distributed_optimizer(make_opt()).minimize(loss)
     exe = fleet.Executor()
     exe.run(fleet.startup_program)
     return exe, loss
@@ -180,8 +188,9 @@ def test_pruning_keeps_the_newest_valid_checkpoint_even_when_newer_ones_are_dama
 
 
 # ------------------------------------------------------------------ resuming
-def test_resuming_from_the_latest_checkpoint_continues_exactly_as_without_the_restart(tmp_path):
-    exe, loss = _build()
+@pytest.mark.parametrize("make_opt", [_adam, _rmsprop_schedule])
+def test_resuming_from_the_latest_checkpoint_continues_exactly_as_without_the_restart(tmp_path, make_opt):
+    exe, loss = _build(make_opt=make_opt)
     cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=3)
     _train(exe, loss, cfg, 8)
     uninterrupted = _state()
@@ -189,13 +198,15 @@ def test_resuming_from_the_latest_checkpoint_continues_exactly_as_without_the_re
     fleet.base.fleet = fleet.base.Fleet()
     fw.reset_default_programs()
     with fw.scope_guard(fw.Scope()):
-        exe, loss = _build()
+        exe, loss = _build(make_opt=make_opt)
         cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=3)
         assert fleet.load_checkpoint(exe, cfg) == str(tmp_path / "c" / "ckpt-6")
         assert (cfg.global_step, cfg.epoch) == (6, 0)
         _train(exe, loss, cfg, 8)
         resumed = _state()
     assert sorted(resumed) == sorted(uninterrupted)
+    if make_opt is _rmsprop_schedule:
+        assert uninterrupted["@LR_DECAY_COUNTER@"][0] == 7  # steps 0..7
     for name, value in uninterrupted.items():
         np.testing.assert_array_equal(resumed[name], value, err_msg=name)
 

@@ -10,7 +10,9 @@ from fleet.errors import ConfigError, DataError
 from fleet import layers, optimizer
 
 VOCAB = 50
-OPTIMIZERS = {"sgd": lambda: optimizer.SGD(0.1), "adam": lambda: optimizer.Adam(0.02)}
+OPTIMIZERS = {"sgd": lambda: optimizer.SGD(0.1), "adam": lambda: optimizer.Adam(0.02),
+              # a schedule the forward reads too: one counter step per step, before the replicas
+              "rmsprop_schedule": lambda: optimizer.RMSProp(layers.exponential_decay(0.05, 2, 0.5))}
 
 
 def _program(opt, sparse):
@@ -25,7 +27,10 @@ def _program(opt, sparse):
         pred = layers.fc(h, 2, act="softmax")
         loss = layers.mean(layers.cross_entropy(pred, y))
         layers.auc(pred, y, slide_steps=3)
-        OPTIMIZERS[opt]().minimize(loss)
+        optimizer_ = OPTIMIZERS[opt]()
+        if isinstance(optimizer_._learning_rate, fw.Variable):
+            loss = loss * (optimizer_._learning_rate / optimizer_._learning_rate)
+        optimizer_.minimize(loss)
     startup.random_seed = 3
     return main, startup, loss
 
@@ -50,7 +55,7 @@ def _state(main, scope):
     return {v.name: np.array(scope[v.name]) for v in main.list_vars() if v.persistable and not v.is_data}
 
 
-@pytest.mark.parametrize("opt", ["sgd", "adam"])
+@pytest.mark.parametrize("opt", ["sgd", "adam", "rmsprop_schedule"])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_two_replicas_with_reduce_equal_one_replica_on_the_whole_batch(opt, sparse, monkeypatch):
     monkeypatch.setenv("CPU_NUM", "2")
@@ -77,6 +82,8 @@ def test_two_replicas_with_reduce_equal_one_replica_on_the_whole_batch(opt, spar
     assert len(a) > len(initial)
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    if opt == "rmsprop_schedule":
+        assert b["@LR_DECAY_COUNTER@"][0] == 3  # four steps from -1
     compiled.close()
 
 

@@ -33,7 +33,11 @@ def _program(opt="adam"):
         h = layers.fc(layers.concat([emb, demb, x], axis=1), 1800, param_attr="w", bias_attr="b")  # [15, 1800]
         out = layers.fc(h, 2, param_attr="w2", bias_attr="b2")
         {"adam": lambda: optimizer.Adam(0.01), "sgd": lambda: optimizer.SGD(0.1),
-         "adagrad": lambda: optimizer.Adagrad(0.1)}[opt]().minimize(layers.mean(out))
+         "adagrad": lambda: optimizer.Adagrad(0.1),
+         "rmsprop": lambda: optimizer.RMSProp(0.01, centered=True, momentum=0.5),
+         "ftrl": lambda: optimizer.Ftrl(0.1, l1=0.01), "lamb": lambda: optimizer.Lamb(0.01),
+         "decayed_adagrad": lambda: optimizer.DecayedAdagrad(0.1), "adadelta": lambda: optimizer.Adadelta(1.0),
+         "adamax": lambda: optimizer.Adamax(0.01)}[opt]().minimize(layers.mean(out))
     startup.random_seed = 5
     return main, startup
 
@@ -285,18 +289,21 @@ def test_loading_names_a_missing_variable_a_wrong_shape_and_a_damaged_file(tmp_p
         _cluster(2, dirname, opt="sgd")
 
 
-@pytest.mark.parametrize("opt", ["sgd", "adagrad"])
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "rmsprop", "ftrl", "lamb", "decayed_adagrad", "adadelta",
+                                 "adamax"])
 def test_other_optimizers_round_trip_too(tmp_path, opt):
     first = _cluster(2, opt=opt)
     _train(first)
     dirname, _ = _save(first, tmp_path / "a")
     again = fio.read_vars(_save(_cluster(3, dirname, opt=opt), tmp_path / "b")[0])
     saved = fio.read_vars(dirname)
-    keys = ("moment",) if opt == "adagrad" else ()
+    rule = first.servers[first.plan.server_endpoints[0]].shards["dtable"][1].rule
+    keys = tuple(rule.row_state_names)
     _assert_tables_equal(_table(again, keys=keys), _table(saved, keys=keys))
-    np.testing.assert_array_equal(again["w"], saved["w"])
-    if opt == "adagrad":
-        np.testing.assert_array_equal(again["emb_moment_0"], saved["emb_moment_0"])
+    whole = [n for n in saved if not n.startswith("dtable") and not n.endswith(("@blocks", "@block_offsets"))]
+    assert {f"emb_{k}_0" for k in rule.state_names} <= set(whole)  # row and scalar state of the table
+    for name in whole:
+        np.testing.assert_array_equal(again[name], saved[name], err_msg=name)
 
 
 # ------------------------------------------------------------------ the server ops

@@ -42,6 +42,9 @@ OPTIMIZERS = {
     "sgd": lambda: optimizer.SGD(0.05),
     "adam": lambda: optimizer.Adam(0.01),
     "adam_lazy": lambda: optimizer.Adam(0.01, lazy_mode=True),
+    # a schedule (one counter step per batch, whatever the threads) and a regularizer
+    "rmsprop_schedule": lambda: optimizer.RMSProp(layers.exponential_decay(0.01, 5, 0.5, staircase=True),
+                                                  regularization=fleet.regularizer.L2Decay(1e-3)),
 }
 
 
@@ -58,7 +61,11 @@ def _program(opt, reduce=False):
         pred = layers.fc(h, 2, act="softmax")
         loss = layers.mean(layers.cross_entropy(pred, y))
         layers.auc(pred, y)
-        OPTIMIZERS[opt]().minimize(loss)
+        optimizer_ = OPTIMIZERS[opt]()
+        lr = optimizer_._learning_rate
+        if isinstance(lr, fw.Variable):  # the forward reads the rate: it must be this step's
+            loss = loss * (lr / lr)
+        optimizer_.minimize(loss)
     startup.random_seed = 11
     if reduce:
         main._build_strategy = BuildStrategy()
@@ -97,11 +104,13 @@ def test_threads_taking_turns_end_bit_identical_to_one_thread(files, opt, thread
     monkeypatch.setenv("FLEET_SERIAL_THREADS", "1")
     got = _train(files, opt, threads)
     # what is compared: parameters, the table, optimizer state and metric state
-    assert {"table", "table_moment1_0", "table_beta1_pow_0"} <= set(want) or opt == "sgd"
+    assert {"table", "table_moment1_0", "table_beta1_pow_0"} <= set(want) or not opt.startswith("adam")
     assert any(name.startswith("auc") for name in want), sorted(want)
     _assert_bit_identical(got, want)
     if opt.startswith("adam"):  # 2 passes of 14 batches: 28 steps, each taken once
         assert got["table_beta1_pow_0"][0] == pytest.approx(0.9 ** 29)
+    if opt == "rmsprop_schedule":  # the counter starts at -1: 28 batches end at 27
+        assert got["@LR_DECAY_COUNTER@"][0] == 27
 
 
 @pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
@@ -123,6 +132,11 @@ def test_reduce_threads_split_each_batch_and_equal_one_thread(files, opt, thread
 def test_reduce_makes_one_update_per_batch(files):
     state = _train(files, "adam", 2, reduce=True, epochs=1)
     assert state["table_beta1_pow_0"][0] == pytest.approx(0.9 ** 15)  # 14 batches, 14 updates
+
+
+def test_reduce_steps_the_learning_rate_counter_once_per_batch(files):
+    state = _train(files, "rmsprop_schedule", 3, reduce=True, epochs=1)
+    assert state["@LR_DECAY_COUNTER@"][0] == 13  # 14 batches from -1
 
 
 def test_serial_threads_flag_is_validated(files, monkeypatch):

@@ -1,11 +1,21 @@
-"""Optimizer ops: one per parameter, applying a ``fleet.rules`` rule in place."""
+"""Optimizer ops: one per parameter, applying a ``fleet.rules`` rule in place; and the
+learning-rate ops (``increment`` of the step counter, ``lr_schedule``)."""
+import threading
+
+import numpy as np
+
 from fleet.framework.registry import OpDef, register_op
 from fleet.framework.tensor import SparseRows
 from fleet.rules import rule_from_op_attrs
+from fleet import schedules
+
+_COUNTER_LOCK = threading.Lock()  # Hogwild threads share the step counter
+
 
 class _OptimizerOp(OpDef):
-    """Inputs: Param, Grad and one slot per rule state; attr learning_rate (already
-    multiplied by the parameter's own rate)."""
+    """Inputs: Param, Grad, one slot per rule state and optionally LearningRate (a [1]
+    variable, e.g. a schedule's); attr learning_rate: the rate itself without a
+    LearningRate input, else the parameter's multiplier of it."""
 
     def __init__(self):
         self._rules = {}
@@ -23,27 +33,47 @@ class _OptimizerOp(OpDef):
         grad = ctx.input("Grad")
         state = {name: ctx.input(name) for name in rule.state_names}
         lr = ctx.attrs["learning_rate"]
+        if ctx.op.inputs.get("LearningRate"):
+            lr = float(lr) * float(np.asarray(ctx.input("LearningRate")).reshape(-1)[0])
         if isinstance(grad, SparseRows):
             rule.apply_sparse(param, grad.rows, grad.values, state, lr)
         else:
             rule.apply_dense(param, grad, state, lr)
 
 
-@register_op
-class SGDOp(_OptimizerOp):
-    type = "sgd"
+for _type in ("sgd", "momentum", "adagrad", "adam", "ftrl", "rmsprop", "decayed_adagrad", "lamb", "adamax",
+              "adadelta"):
+    register_op(type(f"{_type.title().replace('_', '')}Op", (_OptimizerOp,), {"type": _type}))
 
 
 @register_op
-class MomentumOp(_OptimizerOp):
-    type = "momentum"
+class IncrementOp(OpDef):
+    """Out = X + step, in place on the [1] counter (Paddle's ``increment``); atomic
+    across threads. Attr ``begin`` (fleet's) records the counter's first value."""
+
+    type = "increment"
+
+    def forward(self, ctx):
+        x = ctx.input("X")
+        with _COUNTER_LOCK:
+            if isinstance(x, np.ndarray) and ctx.op.output("Out") == ctx.op.input("X"):
+                x += np.asarray(ctx.attrs.get("step", 1.0)).astype(x.dtype)
+                out = x
+            else:
+                out = np.asarray(x) + np.asarray(ctx.attrs.get("step", 1.0)).astype(np.asarray(x).dtype)
+        ctx.set_output("Out", out)
 
 
 @register_op
-class AdagradOp(_OptimizerOp):
-    type = "adagrad"
+class LrScheduleOp(OpDef):
+    """Out (float32 [1]) = ``schedules.value(spec, Step)``; a LearningRate input (another
+    schedule's output) stands for the spec's ``learning_rate``."""
 
+    type = "lr_schedule"
 
-@register_op
-class AdamOp(_OptimizerOp):
-    type = "adam"
+    def forward(self, ctx):
+        spec = ctx.attrs["spec"]
+        if ctx.op.inputs.get("LearningRate"):
+            spec = dict(spec, learning_rate=float(np.asarray(ctx.input("LearningRate")).reshape(-1)[0]))
+        step = float(np.asarray(ctx.input("Step")).reshape(-1)[0])
+        ctx.set_output("Out", np.full(1, schedules.value(spec, step), dtype=np.float32))

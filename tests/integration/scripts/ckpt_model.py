@@ -4,7 +4,8 @@ Usage: ckpt_model.py MODE OUT_DIR CKPT_DIR STEPS [--interval N] [--keep K] [--lo
                      [--resave DIR] [--infer DIR] [--hold]
 
 Parameters: a dense fc weight split across servers, an is_sparse embedding (row blocks)
-and an is_distributed table (ids anywhere in int64), trained with Adam.
+and an is_distributed table (ids anywhere in int64), trained with Adam whose rate is an
+exponential_decay schedule.
 
 - Servers load ``--load DIR``, else ``fleet.latest_checkpoint(CKPT_DIR)`` (None: fresh).
 - Workers restore the counters with ``fleet.load_checkpoint`` and train from the restored
@@ -59,7 +60,8 @@ h = layers.fc(feats, 2048, act="relu")  # [13, 2048]: split across servers
 pred = layers.fc(h, 2, act="softmax")
 loss = layers.mean(layers.cross_entropy(pred, y))
 fleet.default_startup_program().random_seed = 11
-fleet.distributed_optimizer(optimizer.Adam(0.01), strategy).minimize(loss)
+# a schedule: the servers' step counters are checkpointed and restored too
+fleet.distributed_optimizer(optimizer.Adam(layers.exponential_decay(0.01, 4, 0.9)), strategy).minimize(loss)
 
 ID_POOL = np.array([0, 1, -1, 2**63 - 1, -2**63, 12345678901234, 7, 99, 3, 5], dtype=np.int64)
 

@@ -1,6 +1,9 @@
 """A small model trained by tests/integration/test_distributed.py under fleetrun.
 
-Usage: dist_model.py MODE OUT_DIR STEPS BATCH [--distributed-table]
+Usage: dist_model.py MODE OUT_DIR STEPS BATCH [--distributed-table] [--schedule]
+
+With --schedule the optimizer is RMSProp whose rate is an exponential_decay schedule,
+with an optimizer-wide L2Decay and an L1Decay on the table's ParamAttr.
 
 Every run (local or each worker) trains STEPS steps on the same global data; a worker
 trains on its share of each global batch of 2*BATCH examples. At the end each worker
@@ -21,6 +24,7 @@ from strategies import DistributedStrategyFactory
 mode, out_dir, steps, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 distributed_table = "--distributed-table" in sys.argv
 save_midway = "--save-midway" in sys.argv  # the first worker checkpoints halfway, then trains on
+schedule = "--schedule" in sys.argv
 geo_k = 4
 
 fleet.init(PaddleCloudRoleMaker())
@@ -35,14 +39,20 @@ ROWS = 5000  # 5000 x 4 = 20000 elements: two blocks of a table with two servers
 x = layers.data("x", shape=[6])
 ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
 y = layers.data("y", shape=[1], dtype="int64")
-table = fleet.ParamAttr(name="emb", initializer=fleet.initializer.Uniform(-0.5, 0.5))
+table = fleet.ParamAttr(name="emb", initializer=fleet.initializer.Uniform(-0.5, 0.5),
+                        regularizer=fleet.regularizer.L1Decay(1e-3) if schedule else None)
 emb = layers.embedding(ids, size=[ROWS, 4], is_sparse=True, is_distributed=distributed_table,
                        param_attr=table)
 h = layers.fc(layers.concat([layers.sequence_pool(emb, "sum"), x], axis=1), 2000, act="relu")
 pred = layers.fc(h, 2, act="softmax")
 loss = layers.mean(layers.cross_entropy(pred, y))
 fleet.default_startup_program().random_seed = 7
-fleet.distributed_optimizer(optimizer.SGD(0.1), strategy).minimize(loss)
+if schedule:
+    lr = layers.exponential_decay(0.01, decay_steps=2, decay_rate=0.5)
+    opt = optimizer.RMSProp(lr, momentum=0.5, regularization=fleet.regularizer.L2Decay(1e-2))
+else:
+    opt = optimizer.SGD(0.1)
+fleet.distributed_optimizer(opt, strategy).minimize(loss)
 
 rng = np.random.default_rng(0)
 n = 2 * batch
@@ -79,6 +89,8 @@ else:
                                     fetch_list=[loss])[0][0]))
     scope = fleet.global_scope()
     info = {"losses": losses}
+    if schedule:
+        info["lr"] = opt.get_lr()
     arrays = {}
     if fleet.is_local():
         arrays["emb"] = scope["emb"]
