@@ -22,18 +22,20 @@ def criteo_inputs(multi_task=False):
     return dense, slots, labels
 
 
-def slot_embeddings(slots, hash_dim, dim, name="SparseFeatFactors"):
+def slot_embeddings(slots, hash_dim, dim, name="SparseFeatFactors", regularizer=None):
     """One [batch, dim] embedding per slot, all rows of one is_sparse table (as Paddle's
-    CTR scripts share ``SparseFeatFactors``)."""
-    attr = fluid.ParamAttr(name=name, initializer=fluid.initializer.Uniform(-0.05, 0.05))
+    CTR scripts share ``SparseFeatFactors``); ``regularizer`` decays the table's rows."""
+    attr = fluid.ParamAttr(name=name, initializer=fluid.initializer.Uniform(-0.05, 0.05),
+                           regularizer=regularizer)
     return [fluid.layers.sequence_pool(
         fluid.layers.embedding(s, size=[hash_dim, dim], is_sparse=True, param_attr=attr), "sum") for s in slots]
 
 
-def field_matrix(slots, dense, hash_dim, dim):
+def field_matrix(slots, dense, hash_dim, dim, regularizer=None):
     """All 39 fields as [batch, 39, dim]: the 26 slot embeddings, then each dense feature
     times a learned vector of its own (the value-scaled field embedding of FM models)."""
-    sparse = fluid.layers.reshape(fluid.layers.concat(slot_embeddings(slots, hash_dim, dim), axis=1),
+    sparse = fluid.layers.reshape(fluid.layers.concat(slot_embeddings(slots, hash_dim, dim,
+                                                                      regularizer=regularizer), axis=1),
                                   [-1, SLOTS, dim])
     vectors = fluid.layers.create_parameter([DENSE_DIM, dim], dtype="float32", name="dense_field_vectors",
                                             default_initializer=fluid.initializer.Uniform(-0.05, 0.05))
@@ -42,10 +44,11 @@ def field_matrix(slots, dense, hash_dim, dim):
     return fluid.layers.concat([sparse, dense_fields], axis=1)
 
 
-def first_order(slots, dense, hash_dim):
+def first_order(slots, dense, hash_dim, regularizer=None):
     """The linear part of FM / wide models: one weight per id (a [hash_dim, 1] table) plus
     a linear function of the dense features; [batch, 1]."""
-    attr = fluid.ParamAttr(name="first_order_weights", initializer=fluid.initializer.Constant(0.0))
+    attr = fluid.ParamAttr(name="first_order_weights", initializer=fluid.initializer.Constant(0.0),
+                           regularizer=regularizer)
     weights = [fluid.layers.sequence_pool(
         fluid.layers.embedding(s, size=[hash_dim, 1], is_sparse=True, param_attr=attr), "sum") for s in slots]
     return fluid.layers.sums(weights) + fluid.layers.fc(dense, 1)
