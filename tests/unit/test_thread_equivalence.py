@@ -154,3 +154,37 @@ def test_split_batch_gives_consecutive_nearly_equal_parts():
     assert [p["s"].offsets.tolist() for p in parts] == [[0, 1], [0, 2, 2], [0, 3], [0, 1, 3]]
     np.testing.assert_array_equal(np.concatenate([p["s"].values for p in parts]), ids.values)
     assert len(split_batch({"x": feed["x"][:2]}, 3)) == 2  # never an empty part
+
+
+def test_hogwild_threads_never_update_one_parameter_at_the_same_time(files, monkeypatch):
+    """Threads compute concurrently but each parameter's update runs alone: two Adam updates
+    of one table interleaved element by element could leave one thread's first moment next
+    to the other's second moment (m1 / sqrt(m2) unbounded where m2 ~ 0: rows of ~1e4)."""
+    import threading
+    import time
+    from fleet.rules import AdamRule
+
+    active, overlaps, updates = {}, [], []
+    guard = threading.Lock()
+
+    def watched(method):
+        def run(self, param, *args):
+            with guard:
+                if active.get(id(param)):
+                    overlaps.append(id(param))
+                active[id(param)] = active.get(id(param), 0) + 1
+                updates.append(threading.get_ident())
+            time.sleep(0.002)  # widen the window in which another thread could enter
+            try:
+                return method(self, param, *args)
+            finally:
+                with guard:
+                    active[id(param)] -= 1
+        return run
+
+    monkeypatch.setattr(AdamRule, "apply_sparse", watched(AdamRule.apply_sparse))
+    monkeypatch.setattr(AdamRule, "apply_dense", watched(AdamRule.apply_dense))
+    _train(files, "adam", 2, epochs=1)
+    assert len(set(updates)) == 2, "both threads should have updated parameters"
+    assert len(updates) == 14 * 5  # 14 batches x 5 parameters (table, 2 fc weights, 2 biases)
+    assert overlaps == []
