@@ -18,6 +18,7 @@ from fleet.base import Fleet, check_saved_filename
 from fleet.errors import ConfigError, DataError
 from fleet.framework import inference
 from fleet.framework import io as fio
+from fleet.framework.compiler import check_cpu_places
 from fleet.framework.executor import Executor
 from fleet.framework.program import Parameter, Program, Variable, default_main_program
 from fleet.framework.scope import global_scope
@@ -295,12 +296,7 @@ class GeneratorLoader:
 
     def _set(self, batches, places):
         if places is not None:
-            places = list(places) if isinstance(places, (list, tuple)) else [places]
-            bad = [p for p in places if type(p).__name__ != "CPUPlace"]
-            if bad or not places:
-                raise ConfigError(f"places={places!r}: fleet runs on CPUs only; pass fluid.cpu_places() or "
-                                  f"fluid.CPUPlace()")
-            self._places = len(places)
+            self._places = len(check_cpu_places(places, "fluid.cpu_places() or fluid.CPUPlace()"))
         self._batches = batches
         return self
 

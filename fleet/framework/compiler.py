@@ -38,6 +38,19 @@ from strategies import BuildStrategy, ExecutionStrategy
 from strategies._env import read_cpu_num
 
 
+def check_cpu_places(places, fix):
+    """Returns ``places`` (one place or a list) as a non-empty list of CPUPlaces.
+
+    Raises:
+        ConfigError: an empty list or a place that is not a CPUPlace; ``fix`` says what
+            to pass instead.
+    """
+    places = list(places) if isinstance(places, (list, tuple)) else [places]
+    if not places or any(type(p).__name__ != "CPUPlace" for p in places):
+        raise ConfigError(f"places={places!r}: fleet runs on CPUs only; pass {fix}")
+    return places
+
+
 class CompiledProgram:
     """A program prepared for data-parallel running (Paddle's
     ``fluid.compiler.CompiledProgram``).
@@ -96,11 +109,7 @@ class CompiledProgram:
         if share_vars_from is not None and not share_vars_from._is_data_parallel:
             raise ConfigError("The shared Program is not data parallel, cannot share variables from it.")
         if places is not None:
-            places = list(places) if isinstance(places, (list, tuple)) else [places]
-            bad = [p for p in places if type(p).__name__ != "CPUPlace"]
-            if bad or not places:
-                raise ConfigError(f"places={places!r}: fleet runs replicas on CPUs only; pass "
-                                  f"[fluid.CPUPlace()] * n or leave places=None (CPU_NUM replicas)")
+            places = check_cpu_places(places, "[fluid.CPUPlace()] * n or leave places=None (CPU_NUM replicas)")
         if isinstance(loss_name, Variable):
             loss_name = loss_name.name
         if loss_name is None and _has_backward(self._program):

@@ -145,7 +145,7 @@ def test_data_parallel_errors_name_the_value_and_the_fix(monkeypatch):
     assert fluid.CompiledProgram(main).with_data_parallel(loss.name, places=fluid.cpu_places(3)).replica_count() == 3
     with pytest.raises(ConfigError, match="The shared Program is not data parallel"):
         fluid.CompiledProgram(main).with_data_parallel(loss.name, share_vars_from=fluid.CompiledProgram(main))
-    with pytest.raises(ConfigError, match="fleet runs replicas on CPUs only"):
+    with pytest.raises(ConfigError, match=r"fleet runs on CPUs only; pass \[fluid.CPUPlace\(\)\] \* n"):
         fluid.CompiledProgram(main).with_data_parallel(loss.name, places=["gpu:0"])
     with pytest.raises(ConfigError, match="use_cuda=True"):
         fluid.ParallelExecutor(use_cuda=True, loss_name=loss.name, main_program=main)
