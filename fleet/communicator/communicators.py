@@ -22,6 +22,7 @@
   ``update_frequency``: workers drift apart fastest at the start, and a pass shorter than
   ``update_frequency`` would otherwise average models trained apart (it is logged).
 """
+import collections
 import concurrent.futures
 import logging
 import queue
@@ -38,6 +39,8 @@ from fleet.communicator.base import Communicator
 from fleet.transpiler.plan import DENSE, SPARSE
 
 log = logging.getLogger("fleet")
+
+AHEAD_KEPT = 4  # pulls ahead kept per training thread and table
 
 
 class SyncCommunicator(Communicator):
@@ -115,7 +118,7 @@ class AsyncCommunicator(Communicator):
         self._threads = []
         self.put_timeout = float(f.get("put_timeout_s", 600.0))
         self._tls = threading.local()  # per training thread: the last send's round
-        self._ahead = {}  # (thread id, table) -> _Ahead
+        self._ahead = {}  # (thread id, table) -> deque of _Ahead, oldest first
         self._ahead_lock = threading.Lock()
         self._pool = None
         self.stats["prefetches_ahead_used"] = 0
@@ -165,7 +168,12 @@ class AsyncCommunicator(Communicator):
             ids = np.concatenate([np.asarray(getattr(v, "values", v), dtype=np.int64).reshape(-1) for v in values])
             future = self._pool.submit(self._pull_after, last, table, ids)
             with self._ahead_lock:
-                self._ahead[(me, table)] = _Ahead(ids, future)
+                # The trainer prepares batch t+1 before it runs batch t, so a thread has up
+                # to two pulls ahead in flight: the prefetch op takes them in order.
+                jobs = self._ahead.setdefault((me, table), collections.deque())
+                jobs.append(_Ahead(ids, future))
+                while len(jobs) > AHEAD_KEPT:  # batches prepared and never run (a failed pass)
+                    jobs.popleft()
 
     def _pull_after(self, last, table, ids):
         uniq = np.unique(ids)  # sorting here keeps it off the training thread
@@ -176,9 +184,17 @@ class AsyncCommunicator(Communicator):
     def prefetch(self, table, ids, is_test=False):
         """The rows of ``ids``: those pulled ahead for this thread's batch when they are
         the same ids, else pulled now (blocks)."""
-        with self._ahead_lock:
-            ahead = self._ahead.pop((threading.get_ident(), table), None)
-        if ahead is not None and not is_test and np.array_equal(ids, ahead.ids):
+        ahead = None
+        if not is_test:
+            with self._ahead_lock:
+                jobs = self._ahead.get((threading.get_ident(), table))
+                for i, job in enumerate(jobs or ()):
+                    if np.array_equal(ids, job.ids):
+                        ahead = job
+                        for _ in range(i + 1):  # this one and any older, unused pulls
+                            jobs.popleft()
+                        break
+        if ahead is not None:
             self._count("prefetches_ahead_used")
             return ahead.future.result()
         return super().prefetch(table, ids, is_test)

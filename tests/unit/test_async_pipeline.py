@@ -98,3 +98,23 @@ def test_a_step_waits_until_the_step_before_it_was_sent(job):
     assert time.monotonic() - start >= PUSH_DELAY_S
     sent = server.first("sent push")
     assert [w for _, w in server.log[sent:sent + 2]] == ["sent push", "got pull_dense"]
+
+
+def test_rows_pulled_ahead_are_used_in_the_trainers_order(job):
+    """The trainer prepares batch t+1 before it runs batch t, so each prefetch finds its
+    batch's pull behind the next one's (keeping only the newest used none of them)."""
+    comm, plan, server = job
+    batches = [np.array([3 * i, 3 * i + 1, 40 + i], dtype=np.int64) for i in range(5)]
+
+    def feed(ids):
+        return {"ids": LoDTensor(ids, np.array([0, len(ids)], dtype=np.int64))}
+
+    comm.prepare_batch(feed(batches[0]))
+    for t, ids in enumerate(batches):
+        if t + 1 < len(batches):
+            comm.prepare_batch(feed(batches[t + 1]))  # the lookahead, before batch t runs
+        rows = comm.prefetch("t", ids)  # batch t's prefetch op
+        np.testing.assert_array_equal(rows.values[:, 0], np.unique(ids))
+        comm.send(_grads(plan))
+    assert comm.stats["prefetches_ahead_used"] == len(batches)
+    assert comm.stats["prefetches"] == len(batches)  # no pull was made twice
