@@ -190,7 +190,8 @@ def test_auc(name, model_dir, data, timeout=600):
     """Test AUC (infer.py, TEST_LINES lines) of a saved model."""
     out, _, _ = run(f"{name} (infer.py)", [sys.executable, "infer.py", "--model_dir", model_dir,
                                            "--data_dir", data], timeout)
-    return json.loads(out.strip().splitlines()[-1])["auc"]
+    # the output is stdout then stderr (which holds log lines): take infer.py's JSON line
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["auc"]
 
 
 def warm_up(work, strategies, timeout=600):
