@@ -7,7 +7,9 @@
   arrival; the worker then pulls fresh dense parameters.
 - ``AsyncCommunicator``: ``send`` puts gradients on per-parameter bounded queues (a full
   queue blocks training: back-pressure); a send thread merges up to
-  ``max_merge_var_num`` per parameter (sum for SGD, mean otherwise), sends, and pulls
+  ``max_merge_var_num`` steps per parameter (sum for SGD, mean otherwise; with fewer
+  queued it waits, as Paddle's, up to ``send_wait_times`` periods of 10 ms for each
+  further step, so the steps of a worker's threads meet in one push), sends, and pulls
   dense parameters after each round, or a recv thread pulls after
   ``min_send_grad_num_before_recv`` sends. Pipelined with bounded staleness: a training
   thread's step t+1 starts only once its step t-1 was sent and the dense parameters pulled
@@ -41,6 +43,7 @@ from fleet.transpiler.plan import DENSE, SPARSE
 log = logging.getLogger("fleet")
 
 AHEAD_KEPT = 4  # pulls ahead kept per training thread and table
+SEND_WAIT_PERIOD_S = 0.01  # one of Paddle's communicator_send_wait_times periods
 
 
 class SyncCommunicator(Communicator):
@@ -110,6 +113,8 @@ class AsyncCommunicator(Communicator):
         self.independent_recv = bool(int(f.get("communicator_independent_recv_thread", 0)))
         self.min_send_before_recv = int(f.get("communicator_min_send_grad_num_before_recv", 1))
         self.sum_merge = bool(int(f.get("communicator_is_sgd_optimizer", 1)))
+        self.send_wait_times = int(f.get("communicator_send_wait_times", 5))
+        self._senders = set()  # threads that sent a step this pass and are still training
         self._queues = {}
         self._stop = threading.Event()
         self._error = None
@@ -236,6 +241,8 @@ class AsyncCommunicator(Communicator):
         if last is not None:  # bounded staleness: this thread's previous step is sent
             self._wait_round(last, "sending a step")
         done = self._tls.last = threading.Event()
+        with self._cv:
+            self._senders.add(threading.get_ident())
         queued = False
         for name, value in grads.items():
             q = self._queues.get(name)
@@ -266,8 +273,36 @@ class AsyncCommunicator(Communicator):
         if not queued:
             done.set()
 
-    def _drain(self):
-        """One round: pop up to max_merge per parameter, merge, send.
+    def _steps_to_merge(self):
+        """How many queued steps the next round merges: up to max_merge. With fewer queued,
+        waits for more as Paddle's send thread does: up to send_wait_times periods of 10 ms
+        for each further step (the count restarts when one arrives)."""
+        lead = max(self._queues.values(), key=lambda q: q.qsize(), default=None)
+        if lead is None:
+            return 0
+        with self._cv:  # only threads that send can add a step: one sender never waits
+            target = min(self.max_merge, max(1, len(self._senders)))
+        have, waits = lead.qsize(), 0
+        while 0 < have < target and waits < self.send_wait_times and not self._stop.is_set():
+            time.sleep(SEND_WAIT_PERIOD_S)
+            now = lead.qsize()
+            waits = 0 if now > have else waits + 1
+            have = now
+        return min(have, self.max_merge)
+
+    def begin_pass(self, threads):
+        with self._cv:
+            self._senders = set()
+        super().begin_pass(threads)
+
+    def thread_finished(self):
+        with self._cv:
+            self._senders.discard(threading.get_ident())
+        super().thread_finished()
+
+    def _drain(self, wait=True):
+        """One round: pop up to max_merge steps per parameter (waiting for them as
+        ``_steps_to_merge`` says when ``wait``), merge, send.
 
         Returns:
             (items sent, the rounds' Events of the steps they came from).
@@ -275,9 +310,10 @@ class AsyncCommunicator(Communicator):
         grads = {}
         popped = 0
         done = set()
+        steps = self._steps_to_merge() if wait and self.max_merge > 1 else self.max_merge
         for name, q in self._queues.items():
             items = []
-            while len(items) < self.max_merge:
+            while len(items) < max(steps, 1):
                 try:
                     items.append(q.get_nowait())
                 except queue.Empty:
@@ -335,7 +371,7 @@ class AsyncCommunicator(Communicator):
         self._raise_if_failed()
         done = set()
         while True:
-            sent, events = self._drain()
+            sent, events = self._drain(wait=False)
             done |= events
             if not sent:
                 break

@@ -118,3 +118,85 @@ def test_rows_pulled_ahead_are_used_in_the_trainers_order(job):
         comm.send(_grads(plan))
     assert comm.stats["prefetches_ahead_used"] == len(batches)
     assert comm.stats["prefetches"] == len(batches)  # no pull was made twice
+
+
+@pytest.fixture
+def merging_job():
+    """An async communicator merging up to 2 steps (CPU_NUM=2 in Paddle) against a server
+    that answers at once and logs each push's gradient."""
+    pushes = []
+
+    def handler(request):
+        if request.op == "push":
+            pushes.append(np.array(request.arrays[0]))
+            request.reply()
+        elif request.op == "pull_dense":
+            request.reply(request.meta["blocks"], [np.zeros((6, 2), np.float32)])
+        else:
+            request.reply()
+
+    def make(wait_times):
+        flags = dict(FLAGS, communicator_max_merge_var_num=2, communicator_send_queue_size=2,
+                     communicator_send_wait_times=wait_times, communicator_is_sgd_optimizer=0)
+        comm = make_communicator("async", plan, 0, fw.Scope(), flags,
+                                 connect=lambda ep: Client(ep, 0, timeout_ms=10000))
+        comm.start()
+        stack.callback(comm.stop)
+        return comm
+
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serving(ServerSocket("127.0.0.1:0"), handler, poll_ms=5, threaded=True))
+        plan = _plan("async", server.endpoint)
+        yield make, plan, pushes
+
+
+def _two_threads_send(comm, plan, gap_s):
+    """Both threads send a step of zeros (each becomes a sender), then thread A a step of
+    ones and thread B a step of threes gap_s later. Returns the non-zero pushes' first
+    values."""
+    grad = plan.params["w"].grad
+    both_sent, flushed = threading.Barrier(2), threading.Barrier(2)
+
+    def thread(value, delay):
+        comm.send({grad: np.zeros((6, 2), np.float32)})
+        if both_sent.wait() == 0:
+            comm.flush()  # the zero steps are pushed before the steps that count
+        flushed.wait()
+        time.sleep(delay)
+        comm.send({grad: np.full((6, 2), value, np.float32)})
+
+    threads = [threading.Thread(target=thread, args=(1.0, 0.0)), threading.Thread(target=thread, args=(3.0, gap_s))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    comm.flush()
+
+
+def _nonzero(pushes):
+    return [float(p.reshape(-1)[0]) for p in pushes if p.any()]
+
+
+def test_the_send_thread_waits_send_wait_times_to_merge_the_threads_steps(merging_job):
+    make, plan, pushes = merging_job
+    _two_threads_send(make(wait_times=10), plan, gap_s=0.03)  # 30 ms < 10 x 10 ms
+    assert _nonzero(pushes) == [2.0]  # one push: the mean of the two steps
+
+
+def test_a_step_later_than_send_wait_times_goes_alone(merging_job):
+    make, plan, pushes = merging_job
+    _two_threads_send(make(wait_times=1), plan, gap_s=0.1)  # 100 ms > 1 x 10 ms
+    assert _nonzero(pushes) == [1.0, 3.0]
+
+
+def test_a_single_sender_does_not_wait_for_a_second_step(merging_job):
+    """Reduce threads or one thread: only one thread sends, so nothing is waited for."""
+    make, plan, pushes = merging_job
+    comm = make(wait_times=100)  # would wait 1 s per step
+    grad = plan.params["w"].grad
+    start = time.monotonic()
+    for value in (1.0, 2.0, 3.0):
+        comm.send({grad: np.full((6, 2), value, np.float32)})
+    comm.flush()
+    assert _nonzero(pushes) == [1.0, 2.0, 3.0]
+    assert time.monotonic() - start < 2.0  # three waits for a second step would take 3 s
