@@ -32,10 +32,17 @@ import numpy as np
 from fleet.errors import ConfigError, DataError
 from fleet.framework.hooks import program_to_run
 from fleet.framework.program import Program, Variable, default_main_program
-from fleet.framework.runner import Runner, batch_size, combine_step, feed_value, split_batch
+from fleet.framework.runner import Runner, batch_size, feed_value, run_combined_step, split_batch
 from fleet.framework.tensor import LoDTensor, SparseRows
 from strategies import BuildStrategy, ExecutionStrategy
 from strategies._env import read_cpu_num
+
+
+def _compute_part(runner, part):
+    """A replica's forward and backward ops on its part of the batch; returns its examples."""
+    runner.local.update(part)
+    runner.run(optimize=False)
+    return batch_size(part) if part else 1
 
 
 def check_cpu_places(places, fix):
@@ -158,10 +165,9 @@ class CompiledProgram:
             for r in active:
                 r.step_group = group if len(active) > 1 else None
             try:
-                active[0].run(optimize=False, compute=False, schedule=True)  # the rate, once per step
-                sizes = self._compute(active, parts)
-                lead = combine_step(active, sizes, plan.grad_names, split=True)
-                lead.run(compute=False, schedule=False)
+                pool = self._state[3] if len(active) > 1 else None
+                _, sizes = run_combined_step(active, parts, _compute_part, plan.grad_names, split=True,
+                                             map_parts=map if pool is None else pool.map)
                 if plan.trains and any(parts):
                     scope.record_training(sum(sizes))
                 return self._fetch(active, fetch_list, return_numpy, return_merged)
@@ -216,19 +222,6 @@ class CompiledProgram:
                                 f"{sorted(n for n, v in block.vars.items() if v.is_data) or 'none'}")
             out[name] = feed_value(var, value)
         return out
-
-    def _compute(self, runners, parts):
-        def compute(pair):
-            runner, part = pair
-            runner.local.update(part)
-            runner.run(optimize=False)
-            return batch_size(part) if part else 1
-
-        pairs = list(zip(runners, parts))
-        if len(pairs) == 1:
-            return [compute(pairs[0])]
-        pool = self._state[3]
-        return list(pool.map(compute, pairs))
 
     def _fetch(self, runners, fetch_list, return_numpy, return_merged):
         out = []

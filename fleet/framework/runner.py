@@ -184,6 +184,24 @@ def combine_step(runners, sizes, grad_names, split):
     return lead
 
 
+def run_combined_step(runners, parts, compute, grad_names, split, map_parts=map):
+    """One update from several runners, each computing its part of the step: the
+    learning-rate ops once (on the lead, before any compute op reads the rate),
+    ``compute(runner, part) -> examples`` on every runner (through ``map_parts``: ``map``
+    or a thread pool's), their gradients combined (``combine_step``), the optimizer ops
+    once. Used by the dataset trainer's Reduce / lock-step threads and by data-parallel
+    CompiledPrograms.
+
+    Returns:
+        (the lead runner, the examples each runner computed).
+    """
+    runners[0].run(optimize=False, compute=False, schedule=True)
+    sizes = list(map_parts(compute, runners, parts))
+    lead = combine_step(runners, sizes, grad_names, split)
+    lead.run(compute=False, schedule=False)
+    return lead, sizes
+
+
 def batch_size(feed):
     """Examples in a feed dict (the first value's rows, or a LoDTensor's sequences)."""
     for value in feed.values():

@@ -10,7 +10,7 @@ import numpy as np
 
 from fleet.errors import ConfigError, DataError, ServerError, TransportError
 from fleet.framework.hooks import TrainingHooks
-from fleet.framework.runner import Runner, batch_size as _batch_size, combine_step, feed_value, split_batch
+from fleet.framework.runner import Runner, batch_size as _batch_size, feed_value, run_combined_step, split_batch
 from strategies.execution import ReduceStrategy
 
 log = logging.getLogger("fleet")
@@ -188,22 +188,15 @@ class DatasetTrainer:
                     for r in active:
                         r.step_group = group
 
-                def compute(pair):
-                    runner, batch = pair
+                def compute(runner, batch):
                     n = self._feed(runner, batch)
                     runner.run(optimize=False, schedule=False)
                     return n
 
-                lead = active[0]
-                lead.run(optimize=False, compute=False, schedule=True)  # the rate, once per update
-                if self.serial:
-                    sizes = [compute(pair) for pair in zip(active, batches)]
-                else:
-                    sizes = list(pool.map(compute, zip(active, batches)))
                 # A split batch's parts are weighted by their share of its examples, so the
                 # update is the whole batch's mean gradient (as one thread computes it).
-                lead = combine_step(active, sizes, self.plan.grad_names, self.split)
-                lead.run(compute=False, schedule=False)
+                lead, sizes = run_combined_step(active, batches, compute, self.plan.grad_names, self.split,
+                                                map if self.serial else pool.map)
                 if self.split:
                     self._record(lead, sum(sizes))
                 else:
