@@ -16,12 +16,11 @@ Thread-safety: ``WaitLog`` is for one waiting thread; ``install_default_handler`
 called from any thread.
 """
 import logging
-import os
 import sys
 import threading
 import time
 
-from fleet.errors import ConfigError
+from fleet.envvars import env_int
 
 WAIT_LOG_MS_ENV = "FLEET_WAIT_LOG_MS"
 DEFAULT_WAIT_LOG_MS = 5000
@@ -70,17 +69,8 @@ def wait_log_ms():
     Raises:
         ConfigError: not an integer >= 0.
     """
-    text = os.environ.get(WAIT_LOG_MS_ENV, "").strip()
-    if not text:
-        return DEFAULT_WAIT_LOG_MS
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"{WAIT_LOG_MS_ENV}={text!r} is not an integer >= 0 (milliseconds a wait lasts "
-                          f"before it is logged; 0: never); unset it to use {DEFAULT_WAIT_LOG_MS}")
-    return value
+    return env_int(WAIT_LOG_MS_ENV, DEFAULT_WAIT_LOG_MS, 0,
+                   "the milliseconds a wait lasts before it is logged (0: never)")
 
 
 class WaitLog:

@@ -1,11 +1,9 @@
 """Reading integer settings from the environment (CPU_NUM, FLAGS_*), with ConfigErrors."""
-import os
-
-from fleet.errors import ConfigError
+from fleet.envvars import env_int
 
 
 def read_env_int(name, default, minimum=1, meaning="a positive integer"):
-    """Read an integer environment variable.
+    """Read an integer environment variable (`fleet.envvars.env_int`).
 
     Args:
         name: the variable name, e.g. "CPU_NUM".
@@ -19,16 +17,7 @@ def read_env_int(name, default, minimum=1, meaning="a positive integer"):
     Raises:
         ConfigError: the variable is set but is not a decimal integer >= minimum.
     """
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    stripped = text.strip()
-    digits = stripped[1:] if stripped[:1] in "+-" else stripped
-    if digits.isascii() and digits.isdigit() and int(stripped) >= minimum:
-        return int(stripped)
-    raise ConfigError(
-        f"{name}={text!r} is not an integer >= {minimum}; set {name} to {meaning} or unset it"
-    )
+    return env_int(name, default, minimum, meaning)
 
 
 def read_cpu_num():
@@ -40,4 +29,4 @@ def read_cpu_num():
     Raises:
         ConfigError: CPU_NUM is set but is not a positive integer.
     """
-    return read_env_int("CPU_NUM", 1, 1, "the number of training threads per worker, e.g. CPU_NUM=4,")
+    return read_env_int("CPU_NUM", 1, 1, "the number of training threads per worker (e.g. CPU_NUM=4)")

@@ -267,6 +267,7 @@ def connect_dealer(endpoint, curve, max_message_bytes):
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + message.MAX_HEADER_BYTES)
         if curve is not None:
             curve.apply_client(sock)
+        sock.ipv6 = endpoint.startswith("[")
         sock.connect(f"tcp://{endpoint}")
     except BaseException:
         sock.close(linger=0)

@@ -23,6 +23,7 @@ import time
 
 import zmq
 
+from fleet import endpoints
 from fleet.errors import ConfigError, FleetError, FleetTimeoutError, TransportError
 from fleet.transport import message, settings
 from fleet.transport.curve import zap_registry
@@ -38,17 +39,18 @@ _HANDLER_JOIN_S = 60.0
 _WARN_EVERY_S = 1.0  # handler failures logged at most this often (all are counted)
 
 
-def parse_endpoint(endpoint):
-    """Returns (host, port) of "host:port".
+def parse_endpoint(endpoint, allow_port_zero=False):
+    """Returns (host, port) of "host:port" (`fleet.endpoints` rules; an IPv6 host in brackets).
+
+    Args:
+        endpoint: the text.
+        allow_port_zero: accept port 0 (bind any free port).
 
     Raises:
-        ConfigError: the text is not host:port with a port in 0..65535.
+        ConfigError: the text is not host:port with a port in 1..65535 (0..65535 with
+            ``allow_port_zero``).
     """
-    host, sep, port = str(endpoint).rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"endpoint {endpoint!r} is not host:port (e.g. 127.0.0.1:6174)")
-    return host, int(port)
+    return endpoints.parse_endpoint(endpoint, "endpoint", ConfigError, allow_port_zero)
 
 
 class Request(message.Message):
@@ -119,7 +121,7 @@ class ServerSocket:
     """
 
     def __init__(self, endpoint, curve=None, max_message_bytes=None):
-        host, port = parse_endpoint(endpoint)
+        host, port = parse_endpoint(endpoint, allow_port_zero=True)
         self.max_message_bytes = max_message_bytes or settings.max_message_bytes()
         self._stats = collections.Counter()
         self._stats_lock = threading.Lock()
@@ -143,7 +145,8 @@ class ServerSocket:
             if curve is not None:
                 self._zap_domain = zap_registry.register(curve.authorized_clients)
                 curve.apply_server(sock, self._zap_domain)
-            sock.bind(f"tcp://{host}:{port}")
+            sock.ipv6 = ":" in host
+            sock.bind(f"tcp://{endpoints.join_endpoint(host, port)}")
         except zmq.ZMQError as e:
             self._release(sock)
             raise _bind_error(host, port, e) from e
@@ -153,7 +156,7 @@ class ServerSocket:
         self._sock = sock
         bound = sock.last_endpoint.decode().rpartition(":")[2]
         self.host, self.port = host, int(bound)
-        self.endpoint = f"{host}:{self.port}"
+        self.endpoint = endpoints.join_endpoint(host, self.port)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)

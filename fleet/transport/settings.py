@@ -3,8 +3,7 @@
 Every value is read when it is needed (not at import), so a test or a launcher can set
 the variable before creating sockets.
 """
-import os
-
+from fleet.envvars import env_int
 from fleet.errors import ConfigError
 
 RPC_TIMEOUT_MS_ENV = "FLEET_RPC_TIMEOUT_MS"
@@ -63,13 +62,13 @@ def heartbeat_settings():
 
 
 def _positive_int(name, default):
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigError(f"{name}={text!r} is not a positive integer; unset it to use the default {default}")
-    return value
+    return env_int(name, default, 1, _MEANINGS.get(name, "a positive integer"))
+
+
+_MEANINGS = {
+    RPC_TIMEOUT_MS_ENV: "the milliseconds a request waits for its reply",
+    CONNECT_TIMEOUT_MS_ENV: "the milliseconds a worker waits for every server",
+    MAX_MESSAGE_BYTES_ENV: "the largest message in bytes",
+    HEARTBEAT_MS_ENV: "the milliseconds between heartbeats",
+    HEARTBEAT_TIMEOUT_MS_ENV: "the milliseconds of silence after which a peer counts as dead",
+}

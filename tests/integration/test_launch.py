@@ -447,8 +447,8 @@ def test_a_malformed_wait_log_setting_is_a_usage_error_before_anything_starts(tm
         main(["--server_num", "1", "--worker_num", "1", "train.py"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == (
-        "fleetrun: error: FLEET_WAIT_LOG_MS='-5' is not an integer >= 0 (milliseconds a wait lasts before it is "
-        "logged; 0: never); unset it to use 5000\n")
+        "fleetrun: error: FLEET_WAIT_LOG_MS='-5' is not an integer >= 0; set FLEET_WAIT_LOG_MS to the "
+        "milliseconds a wait lasts before it is logged (0: never), or unset it to use the default 5000\n")
     assert not (tmp_path / "log").exists()
 
 
@@ -468,11 +468,12 @@ def _config(*argv):
      "--server_num 3 does not match --servers, which lists 2 endpoints; give only one of "
      "them or make them agree"),
     (["--servers", "127.0.0.1"],
-     "--servers entry '127.0.0.1' is not host:port with a port in 1..65535; write it like "
+     "--servers entry '127.0.0.1' is not host:port: entry '127.0.0.1' must have exactly one ':' "
+     "between host and port (an IPv6 host goes in brackets: [fd00::1]:6170); write it like "
      "127.0.0.1:6170"),
     (["--workers", "127.0.0.1:70000"],
-     "--workers entry '127.0.0.1:70000' is not host:port with a port in 1..65535; write it "
-     "like 127.0.0.1:6170"),
+     "--workers entry '127.0.0.1:70000' is not host:port: entry '127.0.0.1:70000' has port "
+     "'70000', expected an integer in 1..65535; write it like 127.0.0.1:6170"),
     (["--servers", "127.0.0.1:7000", "--workers", "127.0.0.1:7000"],
      "endpoint 127.0.0.1:7000 is given to both server 0 and worker 0; every process needs a "
      "port of its own"),

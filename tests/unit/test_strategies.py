@@ -188,15 +188,20 @@ def test_trainer_runtime_dict_with_a_bad_value_changes_nothing():
 
 # --- environment ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["abc", "0", "-2", "", "1.5"])
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
 def test_cpu_num_must_be_a_positive_int(monkeypatch, value):
     monkeypatch.setenv("CPU_NUM", value)
     expected = (
         f"CPU_NUM={value!r} is not an integer >= 1; set CPU_NUM to the number of training "
-        "threads per worker, e.g. CPU_NUM=4, or unset it"
+        "threads per worker (e.g. CPU_NUM=4), or unset it to use the default 1"
     )
     assert config_error(ExecutionStrategy) == expected
     assert config_error(StrategyFactory.create_async_strategy) == expected
+
+
+def test_blank_cpu_num_means_unset(monkeypatch):
+    monkeypatch.setenv("CPU_NUM", "  ")
+    assert ExecutionStrategy().num_threads == 1
 
 
 def test_bad_communicator_flag_in_the_environment_names_the_variable(monkeypatch):

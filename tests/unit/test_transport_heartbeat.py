@@ -207,7 +207,8 @@ def test_heartbeat_settings_are_checked_together(monkeypatch):
         "FLEET_HEARTBEAT_TIMEOUT_MS=300 is shorter than two heartbeats of FLEET_HEARTBEAT_MS=200: one late "
         "heartbeat would count as a dead peer; make the timeout at least 400 (the defaults are 1000 and 15000)")
     monkeypatch.setenv("FLEET_HEARTBEAT_MS", "soon")
-    with pytest.raises(ConfigError, match="FLEET_HEARTBEAT_MS='soon' is not a positive integer"):
+    with pytest.raises(ConfigError, match="FLEET_HEARTBEAT_MS='soon' is not an integer >= 1; set FLEET_HEARTBEAT_MS to the "
+                       "milliseconds between heartbeats, or unset it to use the default 1000"):
         Heartbeat(["127.0.0.1:1"], 0)
     monkeypatch.delenv("FLEET_HEARTBEAT_MS")
     monkeypatch.delenv("FLEET_HEARTBEAT_TIMEOUT_MS")

@@ -60,8 +60,9 @@ def test_wait_log_ms_0_turns_the_messages_off_and_a_bad_value_names_the_variable
     monkeypatch.setenv("FLEET_WAIT_LOG_MS", "soon")
     with pytest.raises(ConfigError) as e:
         wait_log_ms()
-    assert str(e.value) == ("FLEET_WAIT_LOG_MS='soon' is not an integer >= 0 (milliseconds a wait lasts before "
-                            "it is logged; 0: never); unset it to use 5000")
+    assert str(e.value) == ("FLEET_WAIT_LOG_MS='soon' is not an integer >= 0; set FLEET_WAIT_LOG_MS to the "
+                            "milliseconds a wait lasts before it is logged (0: never), or unset it to "
+                            "use the default 5000")
 
 
 def test_a_worker_waiting_for_a_server_that_is_not_there_says_so_before_its_error(monkeypatch, caplog):

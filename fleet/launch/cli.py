@@ -1,0 +1,217 @@
+"""The fleetrun command line: arguments -> `LaunchConfig` -> a job; its --help is the manual."""
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from fleet.endpoints import parse_endpoint
+from fleet.errors import ConfigError, FleetError
+from fleet.launch.config import (DEFAULT_FAILURE_GRACE, EXIT_PROCESS_FAILED, EXIT_USAGE,
+                                 LaunchConfig)
+from fleet.launch.local import launch
+from fleet.launch.report import say
+
+_DESCRIPTION = """\
+Start the parameter servers and workers of a fleet training script on this machine,
+stream worker 0's output, and stop everything when the job ends or any process fails.
+
+Every process runs `python -u TRAINING_SCRIPT [ARGS]` with Paddle's role variables set,
+so the script's PaddleCloudRoleMaker knows its role. With --server_num 0 the script runs
+once with every role variable removed, which is local training; its output goes to
+LOG_DIR/workerlog.0 and stdout as worker 0's would."""
+
+_EPILOG = """\
+environment of each process (everything else is passed through unchanged):
+  TRAINING_ROLE                 PSERVER for a server, TRAINER for a worker
+  PADDLE_PSERVERS_IP_PORT_LIST  all server endpoints, comma-separated host:port
+  PADDLE_TRAINER_ENDPOINTS      all worker endpoints, comma-separated host:port
+  PADDLE_TRAINERS_NUM           the number of workers
+  PADDLE_TRAINER_ID             the worker's index, 0 .. workers-1 (removed for servers)
+  POD_IP, PADDLE_PORT           host and port of the process's own endpoint
+  PADDLE_TRAINING_ROLE, PADDLE_CURRENT_ENDPOINT and PADDLE_PSERVER_ID are removed.
+  Local training (--server_num 0) removes all of the above.
+
+logs:
+  LOG_DIR/serverlog.N, LOG_DIR/workerlog.N  stdout+stderr of server N / worker N,
+                                            rewritten on each run
+  Worker 0's output is copied to fleetrun's stdout as it is written; fleetrun's own
+  messages go to stderr and start with "fleetrun:".
+
+how a job ends:
+  When every worker has exited 0, the servers get --server_exit_timeout seconds to exit
+  by themselves (they do once every worker has called fleet.stop_worker()); any still
+  running then are terminated, and fleetrun says so and exits 0.
+  When a process exits non-zero or is killed by a signal, fleetrun sees it at once and
+  reports the first one (by time of exit) as the root cause: role, index, pid, exit
+  code or signal, the error its log ends with and the last 20 lines of the log. The
+  others then get --failure_grace seconds (default 3) to exit by themselves (a worker
+  whose training failed tells the servers, and every process of the job then stops
+  within about a heartbeat, its log saying what it saw); those still running are
+  stopped (SIGTERM to each process group, SIGKILL after --kill_timeout), so survivors do
+  not go on training and saving checkpoints. Failures after the root cause are listed
+  as such, never as the cause. fleetrun exits 1.
+  Ctrl-C or SIGTERM to fleetrun stops everything it started the same way (at once).
+  Each process is stopped with its whole process group, so what it started goes too;
+  on Linux, if fleetrun itself is killed (even by SIGKILL) its processes get SIGKILL.
+  Last, fleetrun prints how every process ended, one line each: role, index, pid (and
+  endpoint for a server), then "exited 0", "exited with code N", "was killed by SIGNAL"
+  or "stopped by fleetrun (SIGTERM) after <why>", with the error its log ends with.
+  A wait of fleetrun's own (servers lingering, the others after a failure) that lasts
+  FLEET_WAIT_LOG_MS (default 5000 ms) says what it waits for, then again as it doubles.
+
+exit codes:
+  0              every worker exited 0
+  1              a process failed (or could not be started); the report names it
+  2              bad arguments, a taken port, a missing script or an unusable log
+                 directory; nothing was started
+  124            --timeout expired; everything was stopped
+  129, 130, 143  fleetrun got SIGHUP, SIGINT (Ctrl-C) or SIGTERM; everything was stopped
+
+examples:
+  fleetrun --server_num 2 --worker_num 2 train.py --epochs 3
+  python -m fleet.launch --servers 127.0.0.1:6170,127.0.0.1:6171 --worker_num 2 train.py
+  fleetrun --server_num 1 --worker_num 2 --start_port 6170 --log_dir logs train.py
+  fleetrun --server_num 0 train.py        # local training: one process, no servers
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The fleetrun command line; its --help is the launcher's manual."""
+    p = argparse.ArgumentParser(prog="fleetrun", description=_DESCRIPTION, epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server_num", type=int, metavar="N",
+                   help="number of parameter servers (default: as many as --servers lists, "
+                        "else 2); 0 means local training")
+    p.add_argument("--worker_num", type=int, metavar="N",
+                   help="number of workers (default: as many as --workers lists, else 2; "
+                        "1 with --server_num 0)")
+    p.add_argument("--servers", metavar="HOST:PORT,...",
+                   help="server endpoints, comma-separated; each server binds its own")
+    p.add_argument("--workers", metavar="HOST:PORT,...",
+                   help="worker endpoints, comma-separated, exported as PADDLE_TRAINER_ENDPOINTS")
+    p.add_argument("--start_port", type=int, metavar="PORT",
+                   help="give servers, then workers, consecutive ports on 127.0.0.1 from PORT "
+                        "(default: free ports picked by the system); a taken port is an error")
+    p.add_argument("--log_dir", default="log", metavar="DIR",
+                   help="directory of serverlog.N and workerlog.N (default: log)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="stop everything and exit 124 if the job runs longer (default: no limit)")
+    p.add_argument("--server_exit_timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="after every worker exited 0, how long servers may take to exit by "
+                        "themselves before they are terminated (default: 30)")
+    p.add_argument("--kill_timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="when stopping a process, how long after SIGTERM to send SIGKILL "
+                        "(default: 10)")
+    p.add_argument("--failure_grace", type=float, metavar="SECONDS",
+                   help="after a process fails, how long the others may take to exit by "
+                        "themselves before they are stopped, so their logs say what they saw "
+                        f"(default: {DEFAULT_FAILURE_GRACE:g}; 0: at once)")
+    p.add_argument("training_script", help="the Python script every process runs")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER,
+                   help="arguments given to the script")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    """Turn parsed fleetrun arguments into a LaunchConfig, choosing ports.
+
+    Args:
+        args: the namespace from :func:`build_parser`.
+
+    Returns:
+        The frozen config, every endpoint concrete.
+
+    Raises:
+        ConfigError: arguments contradict each other or are out of range.
+    """
+    servers = _split_endpoints(args.servers, "--servers")
+    workers = _split_endpoints(args.workers, "--workers")
+    server_num = _count(args.server_num, servers, "--server_num", "--servers", default=2)
+    worker_num = _count(args.worker_num, workers, "--worker_num", "--workers",
+                        default=2 if server_num else 1)
+    if server_num == 0:
+        if worker_num != 1 or workers:
+            raise ConfigError(f"--worker_num {worker_num} with --server_num 0: without servers "
+                              "fleetrun runs the script once, for local training; give "
+                              "--server_num 1 or more to train with several workers")
+        return _make_config(args, (), ())
+    if worker_num < 1:
+        raise ConfigError(f"--worker_num {worker_num}: servers need at least one worker; "
+                          "give --worker_num 1 or more")
+    need = (0 if servers else server_num) + (0 if workers else worker_num)
+    ports = _choose_ports(need, args.start_port)
+    if servers is None:
+        servers, ports = [f"127.0.0.1:{p}" for p in ports[:server_num]], ports[server_num:]
+    if workers is None:
+        workers = [f"127.0.0.1:{p}" for p in ports[:worker_num]]
+    return _make_config(args, tuple(servers), tuple(workers))
+
+
+def _make_config(args, servers, workers):
+    return LaunchConfig(training_script=args.training_script,
+                        script_args=tuple(args.training_script_args),
+                        server_endpoints=servers, worker_endpoints=workers,
+                        log_dir=args.log_dir, server_exit_timeout=args.server_exit_timeout,
+                        kill_timeout=args.kill_timeout, timeout=args.timeout,
+                        failure_grace=args.failure_grace)
+
+
+def _split_endpoints(text, option):
+    if text is None:
+        return None
+    endpoints = [e.strip() for e in text.split(",")]
+    for e in endpoints:
+        parse_endpoint(e, f"{option} entry")
+    return endpoints
+
+
+def _count(number, endpoints, num_option, list_option, default):
+    if endpoints is not None:
+        if number is not None and number != len(endpoints):
+            raise ConfigError(f"{num_option} {number} does not match {list_option}, which lists "
+                              f"{len(endpoints)} endpoints; give only one of them or make them agree")
+        return len(endpoints)
+    if number is None:
+        return default
+    if number < 0:
+        raise ConfigError(f"{num_option} {number} is negative; give a count of 0 or more")
+    return number
+
+
+def _choose_ports(count, start_port):
+    if start_port is None:
+        return _pick_free_ports(count)
+    if not 1 <= start_port <= 65536 - count:
+        raise ConfigError(f"--start_port {start_port} leaves no room for {count} consecutive "
+                          f"ports; give a port in 1..{65536 - count}")
+    return list(range(start_port, start_port + count))
+
+
+def _pick_free_ports(count):
+    # Hold every socket until all are bound so the ports are distinct.
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def main(argv=None) -> None:
+    """Entry point of ``fleetrun`` and ``python -m fleet.launch``: exits with launch's code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = launch(config_from_args(args))
+    except ConfigError as e:
+        say(f"error: {e}")
+        code = EXIT_USAGE
+    except FleetError as e:
+        say(f"error: {e}")
+        code = EXIT_PROCESS_FAILED
+    sys.exit(code)

@@ -1,0 +1,157 @@
+"""What a fleetrun job is: the frozen `LaunchConfig`, and each process's environment."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from fleet.endpoints import parse_endpoint
+from fleet.errors import ConfigError
+
+EXIT_OK = 0
+EXIT_PROCESS_FAILED = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 124
+
+ROLE_VARIABLES = (
+    "TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS",
+    "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT",
+)
+# Read by Paddle's other role makers; removed so a value left in the launcher's own
+# environment cannot contradict the role fleetrun gives.
+STALE_VARIABLES = ("PADDLE_TRAINING_ROLE", "PADDLE_CURRENT_ENDPOINT", "PADDLE_PSERVER_ID")
+# Thread counts of the BLAS pools; set per process unless the user set any of them.
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+# After the first failure, how long the others may take to exit by themselves (see the
+# LaunchConfig docstring for why 3 s and not the heartbeat timeout).
+DEFAULT_FAILURE_GRACE = 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """What fleetrun starts and how it watches it. Validated on construction.
+
+    Attributes:
+        training_script: path of the Python script every process runs.
+        script_args: arguments given to the script.
+        server_endpoints: "host:port" of each parameter server; empty for local training.
+        worker_endpoints: "host:port" of each worker (PADDLE_TRAINER_ENDPOINTS); empty
+            for local training, at least one otherwise.
+        log_dir: directory of serverlog.N and workerlog.N.
+        server_exit_timeout: seconds servers may take to exit after every worker exited 0.
+        kill_timeout: seconds between SIGTERM and SIGKILL when stopping a process.
+        timeout: seconds the whole job may run, or None for no limit.
+        failure_grace: seconds the other processes may take to exit by themselves after
+            the first failure before they are stopped; 0 stops them at once. None (the
+            default) means DEFAULT_FAILURE_GRACE (3 s): long enough for processes told of
+            a reported failure to exit saying what they saw, short enough that survivors
+            of a silent death (SIGKILL, noticed by heartbeats only after
+            FLEET_HEARTBEAT_TIMEOUT_MS) do not go on training and saving meanwhile.
+
+    Raises:
+        ConfigError: a value is malformed; the message names it and the fix.
+    """
+
+    training_script: str
+    script_args: tuple[str, ...] = ()
+    server_endpoints: tuple[str, ...] = ()
+    worker_endpoints: tuple[str, ...] = ()
+    log_dir: str = "log"
+    server_exit_timeout: float = 30.0
+    kill_timeout: float = 10.0
+    timeout: float | None = None
+    failure_grace: float | None = None
+
+    def __post_init__(self):
+        for name in ("script_args", "server_endpoints", "worker_endpoints"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not isinstance(self.training_script, str) or not self.training_script:
+            raise ConfigError(f"training_script={self.training_script!r}: give the path "
+                              "of the Python script to run")
+        for role, endpoints in (("server", self.server_endpoints),
+                                ("worker", self.worker_endpoints)):
+            for i, endpoint in enumerate(endpoints):
+                parse_endpoint(endpoint, f"{role} {i}'s endpoint")
+        if self.server_endpoints and not self.worker_endpoints:
+            raise ConfigError(f"{len(self.server_endpoints)} servers and no worker: servers "
+                              "wait for workers forever; give at least one worker endpoint")
+        if not self.server_endpoints and len(self.worker_endpoints) > 0:
+            raise ConfigError(f"worker_endpoints={list(self.worker_endpoints)} without servers: "
+                              "local training runs one process with no endpoints; give server "
+                              "endpoints to train with several workers")
+        _check_unique(self.server_endpoints, self.worker_endpoints)
+        for name in ("server_exit_timeout", "kill_timeout", "timeout"):
+            value = getattr(self, name)
+            if value is None and name == "timeout":
+                continue
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} {value!r} (--{name}) must be a positive number "
+                                  "of seconds")
+        if self.failure_grace is None:
+            object.__setattr__(self, "failure_grace", DEFAULT_FAILURE_GRACE)
+        grace = self.failure_grace
+        if not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
+            raise ConfigError(f"failure_grace {grace!r} (--failure_grace) must be a number of "
+                              "seconds >= 0 (0 stops the other processes at once)")
+
+    @property
+    def is_local(self) -> bool:
+        """True when no servers are configured: one plain process, local training."""
+        return not self.server_endpoints
+
+
+def _check_unique(servers, workers):
+    seen = {}
+    for role, endpoints in (("server", servers), ("worker", workers)):
+        for i, endpoint in enumerate(endpoints):
+            if endpoint in seen:
+                raise ConfigError(f"endpoint {endpoint} is given to both {seen[endpoint]} and "
+                                  f"{role} {i}; every process needs a port of its own")
+            seen[endpoint] = f"{role} {i}"
+
+
+def process_environment(config: LaunchConfig, role: str, index: int, base=None) -> dict:
+    """The environment of one process of the job.
+
+    Args:
+        config: the job.
+        role: "server" or "worker".
+        index: the process's index within its role.
+        base: the environment to start from (default ``os.environ``).
+
+    Returns:
+        A new dict: ``base`` without ROLE_VARIABLES and STALE_VARIABLES, plus the role
+        variables of this process (none in local training).
+
+    Raises:
+        ConfigError: role is not "server" or "worker", or index is out of range.
+    """
+    if role not in ("server", "worker"):
+        raise ConfigError(f"role {role!r} is neither 'server' nor 'worker'")
+    endpoints = config.server_endpoints if role == "server" else config.worker_endpoints
+    count = 1 if config.is_local and role == "worker" else len(endpoints)
+    if not 0 <= index < count:
+        raise ConfigError(f"{role} {index} does not exist: the job has {count} {role}s")
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k not in ROLE_VARIABLES and k not in STALE_VARIABLES}
+    if config.is_local:
+        return env
+    host, port = parse_endpoint(endpoints[index], f"{role} {index}'s endpoint")
+    env.update({
+        "TRAINING_ROLE": "PSERVER" if role == "server" else "TRAINER",
+        "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(config.server_endpoints),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(config.worker_endpoints),
+        "PADDLE_TRAINERS_NUM": str(len(config.worker_endpoints)),
+        "POD_IP": host,
+        "PADDLE_PORT": str(port),
+    })
+    if role == "worker":
+        env["PADDLE_TRAINER_ID"] = str(index)
+    if not any(k in env for k in BLAS_THREAD_VARIABLES):
+        # Every process started here shares this machine's cores: a worker's BLAS gets its
+        # share, a server (numba kernels, no BLAS) one thread. Oversubscribed BLAS pools
+        # spin against each other (measured 4x slower with 2 workers on 2 cores).
+        share = 1 if role == "server" else max(1, (os.cpu_count() or 1) // len(config.worker_endpoints))
+        env.update({k: str(share) for k in BLAS_THREAD_VARIABLES})
+    return env

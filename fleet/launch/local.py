@@ -1,0 +1,499 @@
+"""The processes of one host: start them, watch them, stop them all, report how each ended."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from fleet.endpoints import parse_endpoint
+from fleet.errors import ConfigError, FleetError
+from fleet.launch.config import (EXIT_OK, EXIT_PROCESS_FAILED, EXIT_TIMEOUT, LaunchConfig,
+                                 process_environment)
+from fleet.launch.report import (SAY_LOGGER, TAIL_LINES, last_error, plural, say, signal_name,
+                                 tail)
+from fleet.logs import WaitLog, wait_log_ms
+
+_POLL_SECONDS = 0.05
+_REAP_SECONDS = 10.0
+_PR_SET_PDEATHSIG = 1
+_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def launch(config: LaunchConfig) -> int:
+    """Start every process of the job, watch them, stop them all, return the exit code.
+
+    Blocks until the job is over. Installs handlers for SIGINT, SIGTERM and SIGHUP while
+    it runs when called from the main thread (restored on return). Not re-entrant.
+
+    Args:
+        config: the job.
+
+    Returns:
+        EXIT_OK, EXIT_PROCESS_FAILED, EXIT_TIMEOUT, or 128 + the signal fleetrun received.
+
+    Raises:
+        ConfigError: the script is missing, a port is taken or the log directory cannot
+            be made; nothing was started.
+        FleetError: a process could not be started (those already started are stopped).
+    """
+    _check_ready(config)
+    with _SignalCatcher() as signals:
+        return _Job(config, signals).run()
+
+
+def _check_ready(config):
+    wait_log_ms()  # a malformed FLEET_WAIT_LOG_MS is a usage error now, not a crash mid-job
+    if not os.path.isfile(config.training_script):
+        raise ConfigError(f"training script {config.training_script!r} is not a file (looked "
+                          f"from {os.getcwd()}); give the path of the Python script to run")
+    problems = []
+    for role, endpoints in (("server", config.server_endpoints),
+                            ("worker", config.worker_endpoints)):
+        for i, endpoint in enumerate(endpoints):
+            problem = _probe_port(*parse_endpoint(endpoint, f"{role} {i}'s endpoint"))
+            if problem:
+                problems.append(f"{role} {i}'s endpoint {endpoint}: {problem}")
+    if problems:
+        fix = ("Free the port, choose another --start_port, or leave out "
+               "--start_port/--servers/--workers to get free ports"
+               if any("already in use" in p for p in problems) else
+               "Give endpoints this machine can bind, such as 127.0.0.1:PORT")
+        raise ConfigError("; ".join(problems) + ". " + fix)
+    try:
+        os.makedirs(config.log_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create the log directory {config.log_dir!r} "
+                          f"({e.strerror}); give a writable --log_dir") from e
+
+
+def _probe_port(host, port):
+    """None if a server could bind host:port now, else what is wrong, as a phrase."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port,
+                                                             type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        return f"host {host!r} does not resolve ({e.strerror})"
+    with socket.socket(family, kind, proto) as s:
+        # Servers (ZeroMQ) set SO_REUSEADDR too, so a port in TIME_WAIT is not "taken".
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"port {port} is already in use"
+            if e.errno == errno.EADDRNOTAVAIL:
+                return f"{host} is not an address of this machine, and fleetrun starts " \
+                       "every process here"
+            return f"cannot bind port {port} ({e.strerror})"
+    return None
+
+
+class _SignalCatcher:
+    """Records SIGINT/SIGTERM/SIGHUP instead of dying, so the job loop can stop children.
+
+    A second signal sets ``hurry``: stop at once with SIGKILL instead of waiting.
+    """
+
+    def __init__(self):
+        self.received = None
+        self.hurry = False
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.received is None:
+            self.received = signum
+        else:
+            self.hurry = True
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in _HANDLED_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class _Child:
+    """One started process: its role, index, Popen and log.
+
+    A thread per child waits for it, so ``exit_time`` is when it exited (to the
+    millisecond), not when the launcher next looked: the first failure is the first by time.
+    """
+
+    def __init__(self, role, index, popen, log_path, endpoint=None, exited=None):
+        self.role = role
+        self.index = index
+        self.popen = popen
+        self.log_path = log_path
+        self.endpoint = endpoint
+        self.exit_time = None        # time.monotonic() of its exit, once it exited
+        self.stopped_by_us = False   # its exit is the launcher's doing, not a failure
+        self.stop_signal = None      # the last signal the launcher sent it ("SIGTERM", "SIGKILL")
+        self.stop_reason = None      # why the launcher stopped it, e.g. "worker 1's failure"
+        self._exited = exited        # a threading.Event the job loop waits on
+        self._waiter = threading.Thread(target=self._wait, name=f"fleetrun-wait {self.name}",
+                                        daemon=True)
+        self._waiter.start()
+
+    def _wait(self):
+        self.popen.wait()
+        self.exit_time = time.monotonic()
+        if self._exited is not None:
+            self._exited.set()  # the job loop sees the exit now, not at its next look
+
+    @property
+    def name(self):
+        return f"{self.role} {self.index}"
+
+    @property
+    def label(self):
+        return f"{self.name} (pid {self.popen.pid})"
+
+    @property
+    def returncode(self):
+        """The exit code once the process has exited (negative: killed by that signal), else None."""
+        return self.popen.returncode if self.exit_time is not None else None
+
+    def wait(self, timeout):
+        """Waits up to timeout seconds; True once the process has exited."""
+        self._waiter.join(timeout)
+        return self.exit_time is not None
+
+    def failed(self):
+        return self.returncode not in (None, 0) and not self.stopped_by_us
+
+    def describe_exit(self):
+        code = self.returncode
+        if code is None:
+            return "is still running"
+        if code < 0:
+            return f"was killed by {signal_name(-code)}"
+        return f"exited with code {code}"
+
+    def error_line(self):
+        """The error the log ends with (a Python exception's last traceback line), or ''."""
+        return last_error(tail(self.log_path, TAIL_LINES))
+
+    def describe_end(self, cause=None):
+        """How it ended, for the final report: "exited 0", "exited with code 3 (the root
+        cause)", "stopped by fleetrun (SIGTERM) after worker 1's failure", ..."""
+        code = self.returncode
+        if code is None:
+            return "is still running (it did not die after SIGKILL)"
+        if self.stopped_by_us:
+            sent = self.stop_signal or "SIGTERM"
+            why = f" after {self.stop_reason}" if self.stop_reason else ""
+            if code < 0 and signal_name(-code) == sent:
+                return f"stopped by fleetrun ({sent}){why}"
+            return f"{self.describe_exit()} when fleetrun stopped it ({sent}){why}"
+        if code == 0:
+            return "exited 0"
+        text = self.describe_exit()
+        if cause is self:
+            return text + " (the root cause)"
+        if cause is not None and cause.exit_time is not None and self.exit_time is not None:
+            text += f" {self.exit_time - cause.exit_time:.1f} s after {cause.name}"
+        error = self.error_line()
+        return text + (f": {error}" if error else "")
+
+
+class _LogStreamer(threading.Thread):
+    """Copies a log file to fleetrun's stdout as it grows (tail -f), until finish()."""
+
+    def __init__(self, path):
+        super().__init__(name=f"fleetrun-stream {path}", daemon=True)
+        self._path = path
+        self._done = threading.Event()
+
+    def run(self):
+        with open(self._path, "rb") as f:
+            while True:
+                chunk = f.read(1 << 16)
+                if chunk:
+                    if not self._write(chunk):
+                        return
+                elif self._done.is_set():
+                    # The writer has exited; one last read catches its final bytes.
+                    chunk = f.read()
+                    if chunk:
+                        self._write(chunk)
+                    return
+                else:
+                    self._done.wait(_POLL_SECONDS)
+
+    def _write(self, chunk):
+        try:
+            out = getattr(sys.stdout, "buffer", None)
+            if out is None:
+                sys.stdout.write(chunk.decode("utf-8", "replace"))
+            else:
+                out.write(chunk)
+            sys.stdout.flush()
+            return True
+        except (OSError, ValueError) as e:
+            # stdout closed (e.g. piped into `head`): keep the job running, say where the
+            # output still is.
+            say(f"stopped copying {self._path} to stdout ({e}); the full log is in that file")
+            return False
+
+    def finish(self, timeout):
+        """Copy what is left and stop. Blocks up to timeout seconds."""
+        self._done.set()
+        self.join(timeout)
+
+
+class _Job:
+    """Starts, watches and stops the processes of one LaunchConfig. Main-thread only."""
+
+    def __init__(self, config, signals):
+        self.config = config
+        self.signals = signals
+        self.children = []
+        self.exited = threading.Event()  # set by a child's waiter thread when it exits
+        self.cause = None                # the first process to fail, once one did
+
+    def run(self):
+        streamer = None
+        try:
+            self._start_all()
+            first = [ch for ch in self.children if ch.role == "worker" and ch.index == 0]
+            if first:
+                streamer = _LogStreamer(first[0].log_path)
+                streamer.start()
+            return self._watch()
+        finally:
+            self._stop(self._running(), "fleetrun ended")
+            self._kill_leftover_groups()
+            if streamer is not None:
+                streamer.finish(timeout=5.0)
+            self._report_every_end()
+
+    def _report_every_end(self):
+        if not self.children:
+            return
+        say("how each process ended:")
+        for ch in self.children:
+            where = f", {ch.endpoint}" if ch.role == "server" and ch.endpoint else ""
+            print(f"    {ch.name} (pid {ch.popen.pid}{where}): {ch.describe_end(self.cause)}",
+                  file=sys.stderr, flush=True)
+
+    # -- starting ----------------------------------------------------------------------
+    def _start_all(self):
+        c = self.config
+        plan = [("server", i) for i in range(len(c.server_endpoints))]
+        plan += [("worker", i) for i in range(max(1, len(c.worker_endpoints)))]
+        command = [sys.executable, "-u", c.training_script, *c.script_args]
+        preexec = _die_with_parent(os.getpid())
+        for role, index in plan:
+            if self.signals.received:
+                return
+            log_path = os.path.join(c.log_dir, f"{role}log.{index}")
+            env = process_environment(c, role, index)
+            with open(log_path, "wb") as log:
+                try:
+                    popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True, preexec_fn=preexec)
+                except OSError as e:
+                    raise FleetError(f"could not start {role} {index} ({' '.join(command)}): "
+                                     f"{e}") from e
+            endpoints = c.server_endpoints if role == "server" else c.worker_endpoints
+            self.children.append(_Child(role, index, popen, log_path,
+                                        endpoints[index] if index < len(endpoints) else None,
+                                        self.exited))
+        if c.is_local:
+            say(f"started {c.training_script} for local training (no servers); "
+                 f"log in {self.children[0].log_path}")
+        else:
+            say(f"started {plural(len(c.server_endpoints), 'server')} "
+                 f"({','.join(c.server_endpoints)}) and "
+                 f"{plural(len(c.worker_endpoints), 'worker')}; logs in {c.log_dir}/")
+
+    # -- watching ----------------------------------------------------------------------
+    def _watch(self):
+        c = self.config
+        started = time.monotonic()
+        servers_deadline = None
+        servers_wait = None
+        while True:
+            now = time.monotonic()
+            if self.signals.received:
+                return self._on_signal(self.signals.received)
+            if any(ch.failed() for ch in self.children):
+                # Processes that exited at about the same time: let every waiter thread
+                # record its exit, then the earliest is the root cause.
+                time.sleep(2 * _POLL_SECONDS)
+                failed = sorted((ch for ch in self.children if ch.failed()),
+                                key=lambda ch: ch.exit_time)
+                return self._on_failure(failed[0])
+            workers = [ch for ch in self.children if ch.role == "worker"]
+            if all(ch.returncode == 0 for ch in workers):
+                servers = self._running()
+                if not servers:
+                    say("done: the script exited 0" if c.is_local else
+                         f"done: {plural(len(workers), 'worker')} exited 0 and every "
+                         "server exited by itself")
+                    return EXIT_OK
+                if servers_deadline is None:
+                    servers_deadline = now + c.server_exit_timeout
+                    servers_wait = WaitLog(
+                        f"{', '.join(ch.name for ch in servers)} to exit by "
+                        f"{'itself' if len(servers) == 1 else 'themselves'} (every worker exited 0)", limit=f"terminating {'it' if len(servers) == 1 else 'them'} after "
+                        f"--server_exit_timeout {c.server_exit_timeout:g} s", logger=SAY_LOGGER)
+                elif now >= servers_deadline:
+                    return self._on_servers_lingering(servers)
+                servers_wait.tick()
+            if c.timeout is not None and now - started >= c.timeout:
+                return self._on_timeout()
+            self.exited.wait(_POLL_SECONDS)
+            self.exited.clear()
+
+    def _running(self):
+        return [ch for ch in self.children if ch.returncode is None]
+
+    # -- ending ------------------------------------------------------------------------
+    def _on_failure(self, first):
+        self.cause = first
+        lines = tail(first.log_path, TAIL_LINES)
+        cause = f"the root cause: {first.label} {first.describe_exit()}, the first process to fail"
+        if lines:
+            say(f"{cause}; last {len(lines)} lines of {first.log_path}:")
+        else:
+            say(f"{cause}; its log {first.log_path} is empty")
+        for line in lines:
+            print(f"    | {line}", file=sys.stderr)
+        self._wait_for_the_others(first)
+        self._stop_with_notice("the others", f"{first.name}'s failure")
+        later = sorted((ch for ch in self.children if ch is not first and ch.failed()),
+                       key=lambda ch: ch.exit_time)
+        if later:
+            say("failed after the root cause (consequences, not the cause):")
+            for ch in later:
+                error = ch.error_line()
+                print(f"    {ch.label} {ch.describe_exit()} "
+                      f"{ch.exit_time - first.exit_time:.1f} s later{f': {error}' if error else ''}",
+                      file=sys.stderr)
+        error = first.error_line()
+        say(f"exit {EXIT_PROCESS_FAILED}: {first.label} {first.describe_exit()}"
+             f"{f': {error}' if error else ''}; full log: {first.log_path}")
+        return EXIT_PROCESS_FAILED
+
+    def _wait_for_the_others(self, first):
+        grace = self.config.failure_grace
+        running = self._running()
+        if not running or grace <= 0:
+            return
+        say(f"waiting up to {grace:g} s (--failure_grace) for {', '.join(ch.name for ch in running)} "
+             f"to exit by themselves; Ctrl-C stops {'it' if len(running) == 1 else 'them'} now")
+        deadline = first.exit_time + grace
+        wait = WaitLog(", ".join(ch.name for ch in running)
+                       + (" to exit by itself" if len(running) == 1 else " to exit by themselves"),
+                       limit=f"stopping them {grace:g} s after the failure (--failure_grace)",
+                       logger=SAY_LOGGER)
+        while self._running() and time.monotonic() < deadline and not self.signals.received:
+            wait.tick(", ".join(ch.name for ch in self._running()) + " still running")
+            self.exited.wait(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            self.exited.clear()
+
+    def _on_servers_lingering(self, servers):
+        names = ", ".join(ch.name for ch in servers)
+        say(f"every worker exited 0, but {names} did not exit within --server_exit_timeout "
+             f"{self.config.server_exit_timeout:g} s (does every worker call "
+             f"fleet.stop_worker()?); terminating {'it' if len(servers) == 1 else 'them'}")
+        self._stop(servers, "every worker exited 0 (--server_exit_timeout)")
+        say("done: every worker exited 0")
+        return EXIT_OK
+
+    def _on_timeout(self):
+        say(f"the job did not finish within --timeout {self.config.timeout:g} s")
+        self._stop_with_notice("every process still running", f"--timeout {self.config.timeout:g} s")
+        say(f"exit {EXIT_TIMEOUT}: timed out")
+        return EXIT_TIMEOUT
+
+    def _on_signal(self, signum):
+        say(f"received {signal.Signals(signum).name}")
+        self._stop_with_notice("every process still running", f"fleetrun got {signal.Signals(signum).name}")
+        return 128 + signum
+
+    def _stop_with_notice(self, who, reason):
+        running = self._running()
+        if running:
+            say(f"stopping {who}: {', '.join(ch.name for ch in running)} (SIGTERM, then "
+                 f"SIGKILL after {self.config.kill_timeout:g} s)")
+            self._stop(running, reason)
+
+    def _stop(self, children, reason):
+        """SIGTERM each child's process group, SIGKILL what is left after kill_timeout.
+
+        Blocks up to kill_timeout + _REAP_SECONDS.
+        """
+        for ch in children:
+            ch.stopped_by_us = True
+            ch.stop_reason = ch.stop_reason or reason
+            ch.stop_signal = "SIGTERM"
+            _signal_group(ch.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.kill_timeout
+        while (any(ch.returncode is None for ch in children)
+               and time.monotonic() < deadline and not self.signals.hurry):
+            time.sleep(_POLL_SECONDS)
+        for ch in children:
+            if ch.returncode is None:
+                ch.stop_signal = "SIGKILL"
+                _signal_group(ch.popen.pid, signal.SIGKILL)
+        for ch in children:
+            if not ch.wait(_REAP_SECONDS):
+                say(f"{ch.label} did not die {_REAP_SECONDS:g} s after SIGKILL (stuck in the "
+                     "kernel?); it may outlive fleetrun")
+
+    def _kill_leftover_groups(self):
+        # A child that exited may have left processes of its group behind (a pipe
+        # command, a helper): they must not outlive the job.
+        for ch in self.children:
+            if ch.returncode is not None and not _pid_exists(ch.popen.pid):
+                _signal_group(ch.popen.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # the whole group is gone already
+
+
+def _pid_exists(pid):
+    # After a reaped child's pid is taken by an unrelated process, its number may name an
+    # unrelated group: only signal the old group while the pid itself is unused.
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent(parent_pid):
+    """A preexec_fn that makes the child get SIGKILL if fleetrun dies (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec():
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent_pid:  # fleetrun died before prctl took effect
+            os._exit(1)
+
+    return preexec
