@@ -109,6 +109,8 @@ class ServerSocket:
 
     Args:
         endpoint: "host:port" to bind; port 0 picks a free port (see ``endpoint`` after).
+            With FLEET_BIND_HOST set (e.g. 0.0.0.0) that address is bound instead of the
+            host, and ``endpoint`` keeps the host: the name workers connect to.
         curve: a ``CurveConfig`` to require CURVE authentication, or None (off).
         max_message_bytes: largest request accepted (default FLEET_MAX_MESSAGE_BYTES).
 
@@ -120,6 +122,7 @@ class ServerSocket:
 
     def __init__(self, endpoint, curve=None, max_message_bytes=None):
         host, port = parse_endpoint(endpoint)
+        bind_host = settings.bind_host() or host
         self.max_message_bytes = max_message_bytes or settings.max_message_bytes()
         self._stats = collections.Counter()
         self._stats_lock = threading.Lock()
@@ -143,10 +146,10 @@ class ServerSocket:
             if curve is not None:
                 self._zap_domain = zap_registry.register(curve.authorized_clients)
                 curve.apply_server(sock, self._zap_domain)
-            sock.bind(f"tcp://{host}:{port}")
+            sock.bind(f"tcp://{bind_host}:{port}")
         except zmq.ZMQError as e:
             self._release(sock)
-            raise _bind_error(host, port, e) from e
+            raise _bind_error(bind_host, port, e) from e
         except BaseException:
             self._release(sock)
             raise
@@ -457,7 +460,8 @@ def _bind_error(host, port, error):
     if error.errno in (errno.EADDRNOTAVAIL, errno.ENODEV):
         return TransportError(
             f"cannot bind {host}:{port}: {host!r} is not an address of this machine ({error.strerror}); "
-            f"set POD_IP / PADDLE_PSERVERS_IP_PORT_LIST to an address of this host"
+            f"set POD_IP / PADDLE_PSERVERS_IP_PORT_LIST to an address of this host, or set "
+            f"{settings.BIND_HOST_ENV}=0.0.0.0 to bind every interface while workers use that name"
         )
     return TransportError(f"cannot bind {host}:{port}: {error.strerror}")
 

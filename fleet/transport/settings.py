@@ -3,6 +3,7 @@
 Every value is read when it is needed (not at import), so a test or a launcher can set
 the variable before creating sockets.
 """
+import ipaddress
 import os
 
 from fleet.errors import ConfigError
@@ -12,6 +13,7 @@ CONNECT_TIMEOUT_MS_ENV = "FLEET_CONNECT_TIMEOUT_MS"
 MAX_MESSAGE_BYTES_ENV = "FLEET_MAX_MESSAGE_BYTES"
 HEARTBEAT_MS_ENV = "FLEET_HEARTBEAT_MS"
 HEARTBEAT_TIMEOUT_MS_ENV = "FLEET_HEARTBEAT_TIMEOUT_MS"
+BIND_HOST_ENV = "FLEET_BIND_HOST"
 
 DEFAULT_RPC_TIMEOUT_MS = 60_000
 DEFAULT_CONNECT_TIMEOUT_MS = 60_000
@@ -60,6 +62,33 @@ def heartbeat_settings():
             f"one late heartbeat would count as a dead peer; make the timeout at least {2 * interval} "
             f"(the defaults are {DEFAULT_HEARTBEAT_MS} and {DEFAULT_HEARTBEAT_TIMEOUT_MS})")
     return interval, timeout
+
+
+def bind_host():
+    """The address a server binds instead of its endpoint's host: FLEET_BIND_HOST (unset).
+
+    In Kubernetes a server's endpoint is its pod's DNS name, which ZeroMQ cannot bind (it
+    binds addresses and interface names, never names it would have to resolve), and which
+    exists only once the pod has an IP; such a server binds ``0.0.0.0`` while its endpoint,
+    as workers know it, stays the DNS name.
+
+    Returns:
+        str | None: an IPv4 address, or None to bind the endpoint's own host.
+
+    Raises:
+        ConfigError: the value is not an IPv4 address.
+    """
+    text = os.environ.get(BIND_HOST_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        raise ConfigError(
+            f"{BIND_HOST_ENV}={text!r} is not an IPv4 address; set it to 0.0.0.0 (every interface of this "
+            "machine) or to one of its addresses, or unset it to bind the host of the server's endpoint"
+        ) from None
+    return text
 
 
 def _positive_int(name, default):
