@@ -27,8 +27,11 @@ FLEET_K8S_SELECTOR          pods   label selector of the job's pods, e.g. ``flee
 FLEET_K8S_SERVER_PORT       pods   port of every server (default 6170)
 FLEET_K8S_WORKER_PORT       pods   port of every worker (default 6171)
 FLEET_K8S_WAIT_TIMEOUT_MS   pods   how long to wait for the pods (default 600000)
+FLEET_K8S_NAMESPACE         pods   the job's namespace (default: the service account's)
 KUBERNETES_SERVICE_HOST/    pods   the API server (Kubernetes sets both in every pod)
 KUBERNETES_SERVICE_PORT
+FLEET_K8S_API_URL           pods   another API server URL, e.g. ``http://127.0.0.1:8001``
+                                   of ``kubectl proxy`` (no token is needed there)
 =========================== ====== =========================================================
 
 Which pods count (mode "pods"), and why:
@@ -185,13 +188,14 @@ class KubernetesRoleMaker(RoleMakerBase):
         server_port, worker_port: mode "pods": ports of each pod's server and worker;
             default FLEET_K8S_SERVER_PORT (6170), FLEET_K8S_WORKER_PORT (6171).
         pod_ip: mode "pods": this pod's IP; default POD_IP.
-        api_url: the API server's base URL; default ``https://$KUBERNETES_SERVICE_HOST:
-            $KUBERNETES_SERVICE_PORT``. An ``http://`` URL is read without TLS (tests,
+        api_url: the API server's base URL; default FLEET_K8S_API_URL, else
+            ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``. An ``http://`` URL is read without TLS (tests,
             ``kubectl proxy``).
         token_path, ca_path, namespace_path: the service account's files (default under
             /var/run/secrets/kubernetes.io/serviceaccount/). A missing token file sends no
             Authorization header (``kubectl proxy``).
-        namespace: the job's namespace; default the service account's namespace file.
+        namespace: the job's namespace; default FLEET_K8S_NAMESPACE, else the service
+            account's namespace file.
         timeout_s: how long to wait for the pods; default FLEET_K8S_WAIT_TIMEOUT_MS (600 s).
         poll_s: seconds between two listings while waiting.
         environ: the environment mapping (default ``os.environ``), read on
@@ -323,8 +327,12 @@ class KubernetesRoleMaker(RoleMakerBase):
             timeout_s = parse_int("FLEET_K8S_WAIT_TIMEOUT_MS", env.get("FLEET_K8S_WAIT_TIMEOUT_MS",
                                                                        str(DEFAULT_WAIT_TIMEOUT_MS)),
                                   1, None, "milliseconds to wait for the job's pods") / 1000.0
-        namespace = self._namespace_arg or self._read_namespace()
-        url = pods_url(self._api_url or api_base_url(env), namespace, selector)
+        namespace = self._namespace_arg or env.get("FLEET_K8S_NAMESPACE", "").strip() or self._read_namespace()
+        base_url = self._api_url or env.get("FLEET_K8S_API_URL", "").strip() or api_base_url(env)
+        if not base_url.startswith(("https://", "http://")):
+            raise RoleError(f"the API server URL {base_url!r} (api_url or FLEET_K8S_API_URL) does not start with "
+                            "https:// or http://")
+        url = pods_url(base_url, namespace, selector)
         ranked = self._wait_for_pods(url, namespace, selector, pods, pod_ip, timeout_s)
         self.pod_names = [p.name for p in ranked]
         ips = [p.ip for p in ranked]

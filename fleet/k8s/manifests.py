@@ -279,7 +279,8 @@ def build_manifests(spec):
 def _seed_manifests(spec):
     account = f"{spec.name}-pod-lister"
     pods = spec.servers
-    common = [_field("POD_IP", "status.podIP"), _env("FLEET_K8S_PODS", pods),
+    common = [_field("POD_IP", "status.podIP"), _field("FLEET_K8S_NAMESPACE", "metadata.namespace"),
+              _env("FLEET_K8S_PODS", pods),
               _env("FLEET_K8S_SELECTOR", f"{JOB_LABEL}={spec.name}"),
               _env("FLEET_K8S_SERVER_PORT", spec.port), _env("FLEET_K8S_WORKER_PORT", spec.worker_port),
               _env("FLEET_K8S_WAIT_TIMEOUT_MS", spec.wait_timeout_ms)]

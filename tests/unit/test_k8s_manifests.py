@@ -189,12 +189,14 @@ def test_each_pod_gets_paddles_role_variables_and_the_role_makers_agree(monkeypa
 def test_a_seed_pod_gets_what_the_rank_command_needs_and_the_script_gets_paddles_variables(monkeypatch):
     job = build_manifests(spec(seed=True, servers=2, workers=2, port=7000, worker_port=7001))[-1]
     server, worker = job["spec"]["template"]["spec"]["containers"]
-    env = container_environment(worker, {"status.podIP": "10.0.0.10"})
-    assert env == {"TRAINING_ROLE": "TRAINER", "POD_IP": "10.0.0.10", "FLEET_K8S_PODS": "2",
+    env = container_environment(worker, {"status.podIP": "10.0.0.10", "metadata.namespace": "team-a"})
+    assert env == {"TRAINING_ROLE": "TRAINER", "POD_IP": "10.0.0.10", "FLEET_K8S_NAMESPACE": "team-a",
+                   "FLEET_K8S_PODS": "2",
                    "FLEET_K8S_SELECTOR": "fleet-job=ctr", "FLEET_K8S_SERVER_PORT": "7000",
                    "FLEET_K8S_WORKER_PORT": "7001", "FLEET_K8S_WAIT_TIMEOUT_MS": "600000",
                    "FLEET_CONNECT_TIMEOUT_MS": "600000", "FLEET_CURVE_KEYS_DIR": "/etc/fleet/curve"}
-    assert container_environment(server, {"status.podIP": "10.0.0.10"})["TRAINING_ROLE"] == "PSERVER"
+    assert container_environment(server, {"status.podIP": "10.0.0.10", "metadata.namespace": "team-a"})[
+        "TRAINING_ROLE"] == "PSERVER"
     # What fleet.k8s.rank hands the script once the pod is ranked 1 of 2 (by IP: .9 before .10).
     servers, workers = ["10.0.0.9:7000", "10.0.0.10:7000"], ["10.0.0.9:7001", "10.0.0.10:7001"]
     for role, port in ((1, "7001"), (2, "7000")):
