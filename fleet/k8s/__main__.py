@@ -149,6 +149,7 @@ def write(objects, out, stdout):
 def _write_file(path, obj):
     # A Secret's file holds private keys: owner-only from the start.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # also when the file existed with a wider mode
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(obj, indent=2) + "\n")
 

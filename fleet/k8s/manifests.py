@@ -109,6 +109,8 @@ class JobSpec:
         if not self.image or self.image != self.image.strip():
             raise ConfigError(f"image (--image) {self.image!r} is empty or blank-padded; give the image that "
                               "holds fleet and the script, e.g. registry.example.com/ctr:1")
+        if not all(isinstance(part, str) for part in self.command):
+            raise ConfigError(f"the command {self.command!r} must be strings")
         if not self.command:
             raise ConfigError("no command to run: give the script's command line after --, "
                               "e.g. -- python train.py")
