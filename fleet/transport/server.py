@@ -111,6 +111,8 @@ class ServerSocket:
 
     Args:
         endpoint: "host:port" to bind; port 0 picks a free port (see ``endpoint`` after).
+            With FLEET_BIND_HOST set (e.g. 0.0.0.0) that address is bound instead of the
+            host, and ``endpoint`` keeps the host: the name workers connect to.
         curve: a ``CurveConfig`` to require CURVE authentication, or None (off).
         max_message_bytes: largest request accepted (default FLEET_MAX_MESSAGE_BYTES).
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 import role_makers
 from fleet.errors import RoleError
 from role_makers import (
+    KubernetesRoleMaker,
     LocalRoleMaker,
     PaddleCloudRoleMaker,
     Role,
@@ -340,7 +341,8 @@ def test_base_class_generate_role_must_be_implemented():
 
 
 def test_every_role_maker_is_a_role_maker_base():
-    for cls in (LocalRoleMaker, PaddleCloudRoleMaker, UserDefinedRoleMaker, UserDefinedCollectiveRoleMaker):
+    for cls in (LocalRoleMaker, PaddleCloudRoleMaker, UserDefinedRoleMaker, UserDefinedCollectiveRoleMaker,
+                KubernetesRoleMaker):
         assert issubclass(cls, RoleMakerBase)
 
 
@@ -362,11 +364,12 @@ def _imported_modules(package_dir):
 
 @pytest.mark.parametrize("package", ["role_makers", "strategies"])
 def test_layer_two_packages_import_only_stdlib_numpy_layer_zero_and_themselves(package):
+    # Layer 0: fleet.errors, fleet.logs (KubernetesRoleMaker's waits), the endpoint and integer parsers.
     package_dir = pathlib.Path(role_makers.__file__).parent.parent / package
     for filename, module in _imported_modules(package_dir):
         top = module.split(".")[0]
         allowed = (
-            module in ("fleet.errors", "fleet.endpoints", "fleet.envvars")
+            module in ("fleet.errors", "fleet.logs", "fleet.endpoints", "fleet.envvars")
             or top in (package, "numpy")
             or top in sys.stdlib_module_names
         )

@@ -183,6 +183,41 @@ def test_binding_an_address_of_another_machine_says_so():
         ServerSocket("10.255.255.1:0")
 
 
+def test_fleet_bind_host_binds_every_interface_and_keeps_the_advertised_name(monkeypatch, free_port):
+    # As in Kubernetes: a server known by a DNS name binds 0.0.0.0 (FLEET_BIND_HOST).
+    port = free_port()
+    monkeypatch.setenv("FLEET_BIND_HOST", "0.0.0.0")
+    with serving(endpoint=f"localhost:{port}") as server:
+        assert server.endpoint == f"localhost:{port}" and server.host == "localhost"
+        assert server._sock.last_endpoint.decode() == f"tcp://0.0.0.0:{port}"
+        for endpoint in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            with client_of(endpoint) as client:
+                reply = client.request("echo", meta={"via": endpoint})
+                assert reply.meta == {"via": endpoint}
+
+
+def test_a_name_zeromq_cannot_bind_needs_fleet_bind_host(monkeypatch, free_port):
+    port = free_port()
+    monkeypatch.delenv("FLEET_BIND_HOST", raising=False)
+    with pytest.raises(TransportError, match=f"cannot bind ctr-server-0.ctr-svc:{port}: 'ctr-server-0.ctr-svc' is "
+                                             "not an address of this machine .*or FLEET_BIND_HOST=0.0.0.0 to "
+                                             "bind every interface while advertising the endpoint"):
+        ServerSocket(f"ctr-server-0.ctr-svc:{port}")
+    monkeypatch.setenv("FLEET_BIND_HOST", "0.0.0.0")
+    with ServerSocket(f"ctr-server-0.ctr-svc:{port}") as server:
+        assert server.endpoint == f"ctr-server-0.ctr-svc:{port}"
+
+
+@pytest.mark.parametrize("value", ["all", "localhost", "0.0.0.0:6170"])
+def test_a_bad_fleet_bind_host_is_a_config_error(monkeypatch, value):
+    monkeypatch.setenv("FLEET_BIND_HOST", value)
+    with pytest.raises(ConfigError) as info:
+        ServerSocket("127.0.0.1:0")
+    assert str(info.value) == (
+        f"FLEET_BIND_HOST={value!r} is not an IP address; set it to 0.0.0.0 (every IPv4 interface), :: or an "
+        "address of this host, or unset it to bind the endpoint's own host")
+
+
 @pytest.mark.parametrize("endpoint", ["127.0.0.1", "127.0.0.1:http", ":80", "127.0.0.1:70000"])
 def test_a_malformed_endpoint_is_a_config_error(endpoint):
     with pytest.raises(ConfigError, match="is not host:port"):
