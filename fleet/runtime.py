@@ -482,7 +482,8 @@ class ServerRuntime:
             DataError: a damaged file (names it).
         """
         config = self.strategy.get_program_config()
-        options = {"dc_asgd": config.enable_dc_asgd, "merge_pushes": config.merge_async_pushes}
+        options = {"dc_asgd": config.enable_dc_asgd, "merge_pushes": config.merge_async_pushes,
+                   "worker_endpoints": self.fleet.worker_endpoints()}
         if model_dir is None:
             self.server = ParameterServer(self.endpoint, self.plan, self._initial_values(), **options)
             return

@@ -48,6 +48,7 @@ import time
 import numpy as np
 
 from fleet import schedules
+from fleet.endpoints import split_endpoint
 from fleet.errors import ConfigError, DataError, FleetError
 from fleet.rules import rule_from_op_attrs
 from fleet.server.checkpoint import ShardCursor, load_server_state
@@ -80,8 +81,9 @@ class ParameterServer:
         ConfigError: dc_asgd together with merge_pushes other than 1.
     """
 
-    def __init__(self, endpoint, plan, initial, dc_asgd=False, merge_pushes=1):
+    def __init__(self, endpoint, plan, initial, dc_asgd=False, merge_pushes=1, worker_endpoints=()):
         self.endpoint = endpoint
+        self.worker_endpoints = tuple(worker_endpoints)  # for messages: where a lost worker ran
         self.plan = plan
         self.mode = plan.mode
         self.workers = plan.worker_num
@@ -484,8 +486,15 @@ class ParameterServer:
             if silence > timeout_s:
                 self.fail_worker(worker, (
                     f"it stopped sending heartbeats {silence:.1f} s ago ({HEARTBEAT_TIMEOUT_MS_ENV}="
-                    f"{round(timeout_s * 1000)}) without calling fleet.stop_worker(); it is probably dead "
-                    f"(see its log, workerlog.{worker} under fleetrun)"))
+                    f"{round(timeout_s * 1000)}) without calling fleet.stop_worker(); it is probably dead"
+                    f"{self._where(worker)} (see its log, workerlog.{worker} under fleetrun)"))
+
+    def _where(self, worker):
+        """ ", or its host HOST unreachable" when the worker's endpoint is known, else ""."""
+        if worker < len(self.worker_endpoints):
+            host = split_endpoint(self.worker_endpoints[worker])[0]
+            return f", or its host {host} unreachable"
+        return ""
 
     def all_told(self, heard_since):
         """True once every worker still in the job has been told of the failure: it got an
