@@ -364,9 +364,11 @@ def test_layer_two_packages_import_only_stdlib_numpy_errors_and_themselves(packa
     for filename, module in _imported_modules(package_dir):
         top = module.split(".")[0]
         allowed = (
-            module == "fleet.errors"
+            module in ("fleet.errors", "fleet.logs")  # layer 0: errors, and WaitLog for bounded waits
             or top in (package, "numpy")
             or top in sys.stdlib_module_names
+            # the optional extra of MPISymetricRoleMaker, imported inside a function
+            or (package, filename, top) == ("role_makers", "mpi_role_maker.py", "mpi4py")
         )
         assert allowed, f"{package}/{filename} imports {module}"
 
