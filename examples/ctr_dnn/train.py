@@ -2,6 +2,8 @@
 
 Locally:      python train.py --data_dir data
 Distributed:  fleetrun --server_num 1 --worker_num 2 train.py --data_dir data --strategy async
+With mpirun:  mpirun -np 4 python train.py --role_maker mpi --data_dir data --strategy sync
+              (even ranks servers, odd ranks workers; needs pip install fleet[mpi])
 
 Each worker trains on its share of the train files (``fleet.split_files``), the first
 worker saves the model after every epoch to ``<model_dir>/epoch_N`` and appends a JSON
@@ -21,7 +23,7 @@ import time
 import fleet
 from fleet import optimizer
 from network import ctr_dnn_model
-from role_makers import PaddleCloudRoleMaker
+from role_makers import MPISymetricRoleMaker, PaddleCloudRoleMaker
 from strategies import DistributedStrategyFactory
 
 
@@ -29,6 +31,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data_dir", default="data", help="holds train/ (and test/) with Criteo-format files")
     p.add_argument("--model_dir", default="output", help="where models and metrics.jsonl go")
+    p.add_argument("--role_maker", default="paddle_cloud", choices=["paddle_cloud", "mpi"],
+                   help="paddle_cloud: the role from Paddle's environment variables (fleetrun sets them; unset: "
+                        "local training); mpi: under mpirun -np 2N, even ranks servers and odd ranks workers")
     p.add_argument("--strategy", default="async", choices=["sync", "async", "half_async", "geo"])
     p.add_argument("--geo_k", type=int, default=100, help="GEO update frequency (steps between exchanges)")
     p.add_argument("--epochs", type=int, default=1)
@@ -102,7 +107,7 @@ def thread_batch_size(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    fleet.init(PaddleCloudRoleMaker())
+    fleet.init(MPISymetricRoleMaker() if args.role_maker == "mpi" else PaddleCloudRoleMaker())
     fleet.default_startup_program().random_seed = args.seed
     inputs, avg_cost, auc, batch_auc, _, _ = ctr_dnn_model(args.sparse_feature_dim)
     fleet.distributed_optimizer(make_optimizer(args), make_strategy(args)).minimize(avg_cost)
