@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 
+from fleet.endpoints import join_endpoint
 from fleet.errors import RoleError
 from role_makers._env import parse_endpoint_list, parse_int, require
 from role_makers.base import Role, RoleMakerBase
@@ -151,7 +152,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
             require(env, "PADDLE_PORT", needed_by, "the port this server listens on (1..65535)"),
             1, 65536, "the port this server listens on",
         )
-        endpoint = f"{host.strip()}:{port}"
+        endpoint = join_endpoint(host.strip().strip("[]"), port)
         if endpoint not in servers:
             raise RoleError(
                 f"POD_IP:PADDLE_PORT={endpoint!r} is not in PADDLE_PSERVERS_IP_PORT_LIST, "

@@ -2,24 +2,28 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 
 from fleet.endpoints import parse_endpoint
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (DEFAULT_FAILURE_GRACE, EXIT_PROCESS_FAILED, EXIT_USAGE,
-                                 LaunchConfig)
+                                 LaunchConfig, _check_unique)
 from fleet.launch.local import launch
 from fleet.launch.report import say
+from fleet.launch.this_host import place
+from fleet.transport.curve import CurveConfig, generate_keys
 
 _DESCRIPTION = """\
-Start the parameter servers and workers of a fleet training script on this machine,
+Start the parameter servers and workers of a fleet training script on this host,
 stream worker 0's output, and stop everything when the job ends or any process fails.
 
 Every process runs `python -u TRAINING_SCRIPT [ARGS]` with Paddle's role variables set,
-so the script's PaddleCloudRoleMaker knows its role. With --server_num 0 the script runs
-once with every role variable removed, which is local training; its output goes to
-LOG_DIR/workerlog.0 and stdout as worker 0's would."""
+so the script's PaddleCloudRoleMaker knows its role. When the endpoints name several
+hosts, each host runs the same command and starts its own share (see below). With
+--server_num 0 the script runs once with every role variable removed, which is local
+training; its output goes to LOG_DIR/workerlog.0 and stdout as worker 0's would."""
 
 _EPILOG = """\
 environment of each process (everything else is passed through unchanged):
@@ -73,6 +77,9 @@ examples:
   python -m fleet.launch --servers 127.0.0.1:6170,127.0.0.1:6171 --worker_num 2 train.py
   fleetrun --server_num 1 --worker_num 2 --start_port 6170 --log_dir logs train.py
   fleetrun --server_num 0 train.py        # local training: one process, no servers
+  fleetrun --make_keys keys               # once; copy keys/ to every host
+  fleetrun --servers 10.0.0.1:6170,10.0.0.2:6170 --workers 10.0.0.1:6171,10.0.0.2:6171 \
+      --keys_dir keys train.py             # the same command on 10.0.0.1 and on 10.0.0.2
 """
 
 
@@ -107,7 +114,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a process fails, how long the others may take to exit by "
                         "themselves before they are stopped, so their logs say what they saw "
                         f"(default: {DEFAULT_FAILURE_GRACE:g}; 0: at once)")
-    p.add_argument("training_script", help="the Python script every process runs")
+    hosts = p.add_argument_group(
+        "one job on several hosts (run the same command on each host)",
+        "When --servers/--workers name several hosts, fleetrun starts on this host only the "
+        "processes whose endpoint host is one of its addresses (every interface's, or "
+        "--nic's, or --host's), with the job-wide indexes. The job is encrypted (CURVE) unless "
+        "--insecure is given: make keys once with --make_keys DIR, copy DIR to every host, and "
+        "give --keys_dir DIR (or set FLEET_CURVE_KEYS_DIR).")
+    hosts.add_argument("--host", metavar="ADDR",
+                       help="this host's address as the endpoints name it (default: POD_IP if "
+                            "set, else the addresses of this host's interfaces); an address "
+                            "not on an interface here is advertised while servers bind 0.0.0.0")
+    hosts.add_argument("--nic", metavar="NAME",
+                       help="match endpoints against this interface's addresses only (default: "
+                            "PADDLE_NIC if set, else every interface)")
+    hosts.add_argument("--keys_dir", metavar="DIR",
+                       help="CURVE key directory every process uses (FLEET_CURVE_KEYS_DIR)")
+    hosts.add_argument("--insecure", action="store_true",
+                       help="run a multi-host job without CURVE: anyone on the network can "
+                            "read and push updates")
+    hosts.add_argument("--make_keys", metavar="DIR",
+                       help="write a new CURVE key directory (owner-only files) and exit")
+    hosts.add_argument("--stop_on_stdin_eof", action="store_true",
+                       help="stop every process when fleetrun's standard input closes (used "
+                            "by a dispatching fleetrun over ssh)")
+    hosts.add_argument("--result_json", metavar="PATH",
+                       help="at the end, write how the job ended here as JSON to PATH")
+    p.add_argument("training_script", nargs="?", help="the Python script every process runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER,
                    help="arguments given to the script")
     return p
@@ -125,6 +158,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     Raises:
         ConfigError: arguments contradict each other or are out of range.
     """
+    if not args.training_script:
+        raise ConfigError("no training script: give the path of the Python script to run "
+                          "(fleetrun [options] train.py [args])")
     servers = _split_endpoints(args.servers, "--servers")
     workers = _split_endpoints(args.workers, "--workers")
     server_num = _count(args.server_num, servers, "--server_num", "--servers", default=2)
@@ -145,16 +181,71 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         servers, ports = [f"127.0.0.1:{p}" for p in ports[:server_num]], ports[server_num:]
     if workers is None:
         workers = [f"127.0.0.1:{p}" for p in ports[:worker_num]]
-    return _make_config(args, tuple(servers), tuple(workers))
+    servers, workers = tuple(servers), tuple(workers)
+    _check_unique(servers, workers)
+    host, source = args.host, "--host"
+    if host is None and os.environ.get("POD_IP", "").strip():
+        host, source = os.environ["POD_IP"].strip(), "POD_IP"
+    nic = args.nic or os.environ.get("PADDLE_NIC", "").strip() or None
+    placement = place(servers, workers, host=host, host_source=source, nic=nic)
+    if placement.whole_job:
+        return _make_config(args, servers, workers, keys_dir=_keys_dir(args, False))
+    return _make_config(args, servers, workers, local_servers=placement.servers,
+                        local_workers=placement.workers, bind_any=placement.bind_any,
+                        host=placement.name,
+                        keys_dir=_keys_dir(args, True))
 
 
-def _make_config(args, servers, workers):
+def _keys_dir(args, multi_host):
+    """The --keys_dir to give every process, after checking the job's encryption choice."""
+    if args.insecure and args.keys_dir:
+        raise ConfigError("--insecure and --keys_dir contradict each other: give --keys_dir to "
+                          "encrypt the job, or --insecure (and no keys) not to")
+    if args.keys_dir:
+        try:
+            CurveConfig.from_dir(args.keys_dir)
+        except (ConfigError, FleetError) as e:
+            raise ConfigError(f"--keys_dir {args.keys_dir!r}: {e}") from e
+        return args.keys_dir
+    if multi_host and not args.insecure and CurveConfig.from_env() is None:
+        raise ConfigError(
+            "this job spans several hosts, and fleetrun encrypts such a job (CURVE) so that "
+            "nobody else on the network can read or push updates: make keys once with "
+            "`fleetrun --make_keys DIR`, copy DIR to every host (owner-only), and give "
+            "--keys_dir DIR (or set FLEET_CURVE_KEYS_DIR=DIR); or pass --insecure on a network "
+            "you trust")
+    return None
+
+
+def make_keys(directory):
+    """Write a new CURVE key directory for a job: private directory, owner-only files.
+
+    Raises:
+        ConfigError: the directory exists and is not empty, or cannot be written.
+    """
+    if os.path.exists(directory) and os.listdir(directory):
+        raise ConfigError(f"--make_keys {directory!r} exists and is not empty; give a new "
+                          "directory (keys are never overwritten)")
+    try:
+        generate_keys(directory)
+        for root, _, files in os.walk(directory):
+            os.chmod(root, 0o700)
+            for name in files:
+                os.chmod(os.path.join(root, name), 0o600)
+    except OSError as e:
+        raise ConfigError(f"cannot write keys to {directory!r} ({e.strerror}); give a "
+                          "writable directory") from e
+
+
+def _make_config(args, servers, workers, **more):
     return LaunchConfig(training_script=args.training_script,
                         script_args=tuple(args.training_script_args),
                         server_endpoints=servers, worker_endpoints=workers,
                         log_dir=args.log_dir, server_exit_timeout=args.server_exit_timeout,
                         kill_timeout=args.kill_timeout, timeout=args.timeout,
-                        failure_grace=args.failure_grace)
+                        failure_grace=args.failure_grace,
+                        stop_on_stdin_eof=args.stop_on_stdin_eof, result_json=args.result_json,
+                        **more)
 
 
 def _split_endpoints(text, option):
@@ -207,6 +298,11 @@ def main(argv=None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.make_keys:
+            make_keys(args.make_keys)
+            say(f"wrote CURVE keys to {args.make_keys} (owner-only); copy the directory to "
+                f"every host of the job and give fleetrun --keys_dir {args.make_keys}")
+            sys.exit(0)
         code = launch(config_from_args(args))
     except ConfigError as e:
         say(f"error: {e}")

@@ -7,6 +7,8 @@ import os
 
 from fleet.endpoints import parse_endpoint
 from fleet.errors import ConfigError
+from fleet.transport.curve import KEYS_DIR_ENV
+from fleet.transport.settings import BIND_HOST_ENV
 
 EXIT_OK = 0
 EXIT_PROCESS_FAILED = 1
@@ -48,6 +50,19 @@ class LaunchConfig:
             a reported failure to exit saying what they saw, short enough that survivors
             of a silent death (SIGKILL, noticed by heartbeats only after
             FLEET_HEARTBEAT_TIMEOUT_MS) do not go on training and saving meanwhile.
+        local_servers, local_workers: in a job that spans several hosts, the global
+            indexes of the servers and workers this host starts (see
+            `fleet.launch.this_host.place`); None (the default): every process of the job
+            runs here.
+        host: this host's address in a multi-host job, for messages and the result file.
+        bind_any: indexes of local servers that bind the wildcard address (FLEET_BIND_HOST)
+            because their endpoint's address is not on an interface here.
+        keys_dir: a CURVE key directory every process gets as FLEET_CURVE_KEYS_DIR (see
+            `fleet.transport.curve`); None leaves the environment as it is.
+        stop_on_stdin_eof: stop every process, as for SIGHUP, when fleetrun's standard
+            input reaches end of file (the dispatching fleetrun --hosts or its ssh
+            connection is gone).
+        result_json: a file to write at the end: how the job here ended, as JSON.
 
     Raises:
         ConfigError: a value is malformed; the message names it and the fix.
@@ -62,6 +77,13 @@ class LaunchConfig:
     kill_timeout: float = 10.0
     timeout: float | None = None
     failure_grace: float | None = None
+    local_servers: tuple[int, ...] | None = None
+    local_workers: tuple[int, ...] | None = None
+    host: str | None = None
+    bind_any: tuple[int, ...] = ()
+    keys_dir: str | None = None
+    stop_on_stdin_eof: bool = False
+    result_json: str | None = None
 
     def __post_init__(self):
         for name in ("script_args", "server_endpoints", "worker_endpoints"):
@@ -81,6 +103,22 @@ class LaunchConfig:
                               "local training runs one process with no endpoints; give server "
                               "endpoints to train with several workers")
         _check_unique(self.server_endpoints, self.worker_endpoints)
+        for name, count in (("local_servers", len(self.server_endpoints)),
+                            ("local_workers", len(self.worker_endpoints))):
+            indexes = getattr(self, name)
+            if indexes is None:
+                continue
+            object.__setattr__(self, name, tuple(indexes))
+            bad = [i for i in indexes if not (isinstance(i, int) and 0 <= i < count)]
+            if bad or len(set(indexes)) != len(indexes):
+                raise ConfigError(f"{name}={list(indexes)}: each must be a distinct index in "
+                                  f"0..{count - 1} of the job's {name.split('_')[1]}")
+        if (self.local_servers is None) != (self.local_workers is None):
+            raise ConfigError("give both local_servers and local_workers (a multi-host job) or "
+                              "neither (every process runs here)")
+        object.__setattr__(self, "bind_any", tuple(self.bind_any))
+        if not set(self.bind_any) <= set(self.local_servers or range(len(self.server_endpoints))):
+            raise ConfigError(f"bind_any={list(self.bind_any)} names servers that do not run here")
         for name in ("server_exit_timeout", "kill_timeout", "timeout"):
             value = getattr(self, name)
             if value is None and name == "timeout":
@@ -99,6 +137,20 @@ class LaunchConfig:
     def is_local(self) -> bool:
         """True when no servers are configured: one plain process, local training."""
         return not self.server_endpoints
+
+    @property
+    def multi_host(self) -> bool:
+        """True when only some of the job's processes run here (the others on other hosts)."""
+        return self.local_servers is not None
+
+    def here(self, role):
+        """Global indexes of the processes of ``role`` ("server"/"worker") started here."""
+        local = self.local_servers if role == "server" else self.local_workers
+        if local is not None:
+            return local
+        if role == "worker" and self.is_local:
+            return (0,)
+        return tuple(range(len(self.server_endpoints if role == "server" else self.worker_endpoints)))
 
 
 def _check_unique(servers, workers):
@@ -126,6 +178,9 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
 
     Raises:
         ConfigError: role is not "server" or "worker", or index is out of range.
+
+    FLEET_BIND_HOST is set for the servers of ``config.bind_any``, FLEET_CURVE_KEYS_DIR
+    when ``config.keys_dir`` is given.
     """
     if role not in ("server", "worker"):
         raise ConfigError(f"role {role!r} is neither 'server' nor 'worker'")
@@ -148,10 +203,14 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
     })
     if role == "worker":
         env["PADDLE_TRAINER_ID"] = str(index)
+    if role == "server" and index in config.bind_any:
+        env[BIND_HOST_ENV] = "::" if ":" in host else "0.0.0.0"
+    if config.keys_dir is not None:
+        env[KEYS_DIR_ENV] = os.path.abspath(config.keys_dir)
     if not any(k in env for k in BLAS_THREAD_VARIABLES):
         # Every process started here shares this machine's cores: a worker's BLAS gets its
         # share, a server (numba kernels, no BLAS) one thread. Oversubscribed BLAS pools
         # spin against each other (measured 4x slower with 2 workers on 2 cores).
-        share = 1 if role == "server" else max(1, (os.cpu_count() or 1) // len(config.worker_endpoints))
+        share = 1 if role == "server" else max(1, (os.cpu_count() or 1) // len(config.here("worker")))
         env.update({k: str(share) for k in BLAS_THREAD_VARIABLES})
     return env

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import signal
 import socket
@@ -55,8 +56,12 @@ def _check_ready(config):
     problems = []
     for role, endpoints in (("server", config.server_endpoints),
                             ("worker", config.worker_endpoints)):
-        for i, endpoint in enumerate(endpoints):
-            problem = _probe_port(*parse_endpoint(endpoint, f"{role} {i}'s endpoint"))
+        for i in config.here(role) if endpoints else ():
+            endpoint = endpoints[i]
+            host, port = parse_endpoint(endpoint, f"{role} {i}'s endpoint")
+            if role == "server" and i in config.bind_any:
+                host = "::" if ":" in host else "0.0.0.0"
+            problem = _probe_port(host, port)
             if problem:
                 problems.append(f"{role} {i}'s endpoint {endpoint}: {problem}")
     if problems:
@@ -103,7 +108,22 @@ class _SignalCatcher:
     def __init__(self):
         self.received = None
         self.hurry = False
+        self.stdin_closed = False  # set by the --stop_on_stdin_eof watcher
         self._previous = {}
+
+    def watch_stdin(self, wake):
+        """Sets ``stdin_closed`` (and ``wake``) once standard input reaches end of file."""
+        def read_to_eof():
+            stream = getattr(sys.stdin, "buffer", sys.stdin)
+            try:
+                while stream.read(4096):
+                    pass
+            except (OSError, ValueError):
+                pass
+            self.stdin_closed = True
+            wake.set()
+
+        threading.Thread(target=read_to_eof, name="fleetrun-stdin", daemon=True).start()
 
     def _handle(self, signum, frame):
         if self.received is None:
@@ -136,6 +156,7 @@ class _Child:
         self.log_path = log_path
         self.endpoint = endpoint
         self.exit_time = None        # time.monotonic() of its exit, once it exited
+        self.exit_wall_time = None   # time.time() of its exit (compared across hosts)
         self.stopped_by_us = False   # its exit is the launcher's doing, not a failure
         self.stop_signal = None      # the last signal the launcher sent it ("SIGTERM", "SIGKILL")
         self.stop_reason = None      # why the launcher stopped it, e.g. "worker 1's failure"
@@ -146,6 +167,7 @@ class _Child:
 
     def _wait(self):
         self.popen.wait()
+        self.exit_wall_time = time.time()
         self.exit_time = time.monotonic()
         if self._exited is not None:
             self._exited.set()  # the job loop sees the exit now, not at its next look
@@ -263,19 +285,49 @@ class _Job:
 
     def run(self):
         streamer = None
+        code = None
         try:
+            if self.config.stop_on_stdin_eof:
+                self.signals.watch_stdin(self.exited)
             self._start_all()
             first = [ch for ch in self.children if ch.role == "worker" and ch.index == 0]
             if first:
                 streamer = _LogStreamer(first[0].log_path)
                 streamer.start()
-            return self._watch()
+            code = self._watch()
+            return code
         finally:
             self._stop(self._running(), "fleetrun ended")
             self._kill_leftover_groups()
             if streamer is not None:
                 streamer.finish(timeout=5.0)
             self._report_every_end()
+            if self.config.result_json:
+                self._write_result(EXIT_PROCESS_FAILED if code is None else code)
+
+    def _write_result(self, code):
+        cause = self.cause
+        result = {
+            "exit_code": code,
+            "host": self.config.host,
+            "cause": None if cause is None else {
+                "role": cause.role, "index": cause.index, "pid": cause.popen.pid,
+                "exit_code": cause.returncode, "error": cause.error_line(),
+                "log": cause.log_path, "exit_time": cause.exit_wall_time,
+            },
+            "processes": [{
+                "role": ch.role, "index": ch.index, "pid": ch.popen.pid,
+                "endpoint": ch.endpoint, "returncode": ch.returncode,
+                "end": ch.describe_end(cause), "error": ch.error_line(), "log": ch.log_path,
+            } for ch in self.children],
+        }
+        path = self.config.result_json
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(result, f, indent=1)
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            say(f"could not write --result_json {path} ({e.strerror})")
 
     def _report_every_end(self):
         if not self.children:
@@ -289,8 +341,8 @@ class _Job:
     # -- starting ----------------------------------------------------------------------
     def _start_all(self):
         c = self.config
-        plan = [("server", i) for i in range(len(c.server_endpoints))]
-        plan += [("worker", i) for i in range(max(1, len(c.worker_endpoints)))]
+        plan = [("server", i) for i in c.here("server")]
+        plan += [("worker", i) for i in c.here("worker")]
         command = [sys.executable, "-u", c.training_script, *c.script_args]
         preexec = _die_with_parent(os.getpid())
         for role, index in plan:
@@ -313,6 +365,14 @@ class _Job:
         if c.is_local:
             say(f"started {c.training_script} for local training (no servers); "
                  f"log in {self.children[0].log_path}")
+        elif c.multi_host:
+            here = ", ".join(ch.name for ch in self.children)
+            zero = ("" if 0 in c.here("worker") else
+                    "; worker 0 runs on another host, so its output is not copied here")
+            say(f"started {here} on this host ({c.host}) of a job of "
+                f"{plural(len(c.server_endpoints), 'server')} and "
+                f"{plural(len(c.worker_endpoints), 'worker')} on several hosts; logs in "
+                f"{c.log_dir}/{zero}")
         else:
             say(f"started {plural(len(c.server_endpoints), 'server')} "
                  f"({','.join(c.server_endpoints)}) and "
@@ -328,6 +388,8 @@ class _Job:
             now = time.monotonic()
             if self.signals.received:
                 return self._on_signal(self.signals.received)
+            if self.signals.stdin_closed:
+                return self._on_stdin_eof()
             if any(ch.failed() for ch in self.children):
                 # Processes that exited at about the same time: let every waiter thread
                 # record its exit, then the earliest is the root cause.
@@ -339,11 +401,31 @@ class _Job:
             if all(ch.returncode == 0 for ch in workers):
                 servers = self._running()
                 if not servers:
-                    say("done: the script exited 0" if c.is_local else
-                         f"done: {plural(len(workers), 'worker')} exited 0 and every "
-                         "server exited by itself")
+                    if c.multi_host:
+                        done = [f"{plural(len(workers), 'worker')} exited 0"] if workers else []
+                        count = len(c.here("server"))
+                        if count:
+                            done.append(f"{plural(count, 'server')} exited by "
+                                        f"{'itself' if count == 1 else 'themselves'}")
+                        say(f"done on this host: {' and '.join(done)}")
+                    else:
+                        say("done: the script exited 0" if c.is_local else
+                            f"done: {plural(len(workers), 'worker')} exited 0 and every "
+                            "server exited by itself")
                     return EXIT_OK
-                if servers_deadline is None:
+                if c.multi_host:
+                    # Other hosts' workers may still train: servers here are never
+                    # terminated on a timer; they exit once every worker of the job
+                    # stopped, or fail when a worker's heartbeats stop.
+                    if servers_wait is None:
+                        servers_wait = WaitLog(
+                            f"{', '.join(ch.name for ch in servers)} to exit by "
+                            f"{'itself' if len(servers) == 1 else 'themselves'} (this host's "
+                            "workers exited 0; servers exit once the workers of every host "
+                            "called fleet.stop_worker())",
+                            limit="a lost worker fails them within FLEET_HEARTBEAT_TIMEOUT_MS; "
+                                  "--timeout bounds the whole job", logger=SAY_LOGGER)
+                elif servers_deadline is None:
                     servers_deadline = now + c.server_exit_timeout
                     servers_wait = WaitLog(
                         f"{', '.join(ch.name for ch in servers)} to exit by "
@@ -418,6 +500,12 @@ class _Job:
         self._stop_with_notice("every process still running", f"--timeout {self.config.timeout:g} s")
         say(f"exit {EXIT_TIMEOUT}: timed out")
         return EXIT_TIMEOUT
+
+    def _on_stdin_eof(self):
+        say("standard input was closed (--stop_on_stdin_eof: the fleetrun that dispatched this "
+            "job, or its ssh connection, is gone)")
+        self._stop_with_notice("every process still running", "fleetrun's standard input closed")
+        return 128 + signal.SIGHUP
 
     def _on_signal(self, signum):
         say(f"received {signal.Signals(signum).name}")

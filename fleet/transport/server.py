@@ -137,6 +137,7 @@ class ServerSocket:
         # endpoint answers with another instance, so workers see that its state is gone.
         self.instance = os.urandom(8).hex()
         self._heartbeat_meta = {"instance": self.instance}
+        bind = settings.bind_host() or host
         sock = zmq.Context.instance().socket(zmq.ROUTER)
         try:
             sock.linger = 0
@@ -145,11 +146,11 @@ class ServerSocket:
             if curve is not None:
                 self._zap_domain = zap_registry.register(curve.authorized_clients)
                 curve.apply_server(sock, self._zap_domain)
-            sock.ipv6 = ":" in host
-            sock.bind(f"tcp://{endpoints.join_endpoint(host, port)}")
+            sock.ipv6 = ":" in bind
+            sock.bind(f"tcp://{endpoints.join_endpoint(bind, port)}")
         except zmq.ZMQError as e:
             self._release(sock)
-            raise _bind_error(host, port, e) from e
+            raise _bind_error(bind, port, e) from e
         except BaseException:
             self._release(sock)
             raise
@@ -460,7 +461,8 @@ def _bind_error(host, port, error):
     if error.errno in (errno.EADDRNOTAVAIL, errno.ENODEV):
         return TransportError(
             f"cannot bind {host}:{port}: {host!r} is not an address of this machine ({error.strerror}); "
-            f"set POD_IP / PADDLE_PSERVERS_IP_PORT_LIST to an address of this host"
+            f"set POD_IP / PADDLE_PSERVERS_IP_PORT_LIST to an address of this host, or {settings.BIND_HOST_ENV}=0.0.0.0 "
+            f"to bind every interface while advertising the endpoint"
         )
     return TransportError(f"cannot bind {host}:{port}: {error.strerror}")
 

@@ -3,6 +3,9 @@
 Every value is read when it is needed (not at import), so a test or a launcher can set
 the variable before creating sockets.
 """
+import ipaddress
+import os
+
 from fleet.envvars import env_int
 from fleet.errors import ConfigError
 
@@ -11,6 +14,7 @@ CONNECT_TIMEOUT_MS_ENV = "FLEET_CONNECT_TIMEOUT_MS"
 MAX_MESSAGE_BYTES_ENV = "FLEET_MAX_MESSAGE_BYTES"
 HEARTBEAT_MS_ENV = "FLEET_HEARTBEAT_MS"
 HEARTBEAT_TIMEOUT_MS_ENV = "FLEET_HEARTBEAT_TIMEOUT_MS"
+BIND_HOST_ENV = "FLEET_BIND_HOST"
 
 DEFAULT_RPC_TIMEOUT_MS = 60_000
 DEFAULT_CONNECT_TIMEOUT_MS = 60_000
@@ -32,6 +36,27 @@ def connect_timeout_ms():
 def max_message_bytes():
     """Largest message (header + arrays) sent or accepted: FLEET_MAX_MESSAGE_BYTES (1 GiB)."""
     return _positive_int(MAX_MESSAGE_BYTES_ENV, DEFAULT_MAX_MESSAGE_BYTES)
+
+
+def bind_host():
+    """FLEET_BIND_HOST: the address servers bind instead of their endpoint's host, or None.
+
+    For an endpoint address the host is known by but does not carry (NAT, a Kubernetes
+    Service name): "0.0.0.0" (or "::") binds every interface while workers keep connecting to
+    the advertised endpoint. Unset (the default): bind the endpoint's own host.
+
+    Raises:
+        ConfigError: the value is not an IP address.
+    """
+    text = os.environ.get(BIND_HOST_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        raise ConfigError(f"{BIND_HOST_ENV}={text!r} is not an IP address; set it to 0.0.0.0 (every "
+                          "IPv4 interface), :: or an address of this host, or unset it to bind the "
+                          "endpoint's own host") from None
 
 
 def heartbeat_ms():

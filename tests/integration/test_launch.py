@@ -76,6 +76,7 @@ BEHAVE = textwrap.dedent('''\
 ''')
 
 FOREVER = ["sleep", 600]
+FLEETRUN = (sys.executable, "-m", "fleet.launch")
 
 
 @pytest.fixture
@@ -538,3 +539,42 @@ def test_the_fleetrun_console_script_is_the_launcher():
         pytest.skip(f"{script} is not installed (pip install -e . creates it)")
     r = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout.startswith("usage: fleetrun ")
+
+
+# -- the per-host form's hooks for a dispatcher (fleetrun --hosts) -------------------------
+
+def test_stop_on_stdin_eof_stops_everything_when_stdin_closes(procs, tmp_path, job, wait_for,
+                                                              pid_alive, clean_env):
+    launcher = procs.start([*FLEETRUN, "--server_num", "1", "--worker_num", "1",
+                            "--stop_on_stdin_eof", *map(str, job.args({"server": [FOREVER],
+                                                                       "worker": [FOREVER]}))],
+                           cwd=tmp_path, env=clean_env, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_started(job, 2, wait_for)
+    launcher.stdin.close()
+    launcher.stdin = None  # closed: communicate must not flush it
+    out, err = procs.communicate(launcher, 20)
+    assert launcher.returncode == 128 + signal.SIGHUP, err
+    assert ("fleetrun: standard input was closed (--stop_on_stdin_eof: the fleetrun that "
+            "dispatched this job, or its ssh connection, is gone)") in err
+    assert "stopped by fleetrun (SIGTERM) after fleetrun's standard input closed" in err
+    assert [n for n, pid in job.pids().items() if pid_alive(pid)] == []
+
+
+def test_result_json_names_the_root_cause_and_how_each_process_ended(fleetrun, job, tmp_path):
+    spec = {"server": [FOREVER], "worker 1": [["raise", "bad shard"]], "worker 0": [FOREVER]}
+    before = time.time()
+    result = fleetrun("--server_num", 1, "--worker_num", 2, "--failure_grace", 0,
+                      "--result_json", "res.json", *job.args(spec))
+    assert result.returncode == 1, result.stderr
+    data = json.loads((tmp_path / "res.json").read_text())
+    cause = data["cause"]
+    assert data["exit_code"] == 1 and data["host"] is None
+    assert (cause["role"], cause["index"], cause["exit_code"], cause["log"]) == (
+        "worker", 1, 1, "log/workerlog.1")
+    assert cause["error"] == "RuntimeError: bad shard"
+    assert before <= cause["exit_time"] <= time.time()
+    ends = {(p["role"], p["index"]): p["end"] for p in data["processes"]}
+    assert ends == {("server", 0): "stopped by fleetrun (SIGTERM) after worker 1's failure",
+                    ("worker", 0): "stopped by fleetrun (SIGTERM) after worker 1's failure",
+                    ("worker", 1): "exited with code 1 (the root cause)"}
