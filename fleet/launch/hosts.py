@@ -301,15 +301,6 @@ def forwarded_environment(environ=None, extra=()):
     return pairs
 
 
-def remote_path(path: str) -> str:
-    """path quoted for a POSIX shell, with a leading ~/ left to the shell as $HOME."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
-
-
 # -- ssh ----------------------------------------------------------------------------------
 
 class Ssh:
@@ -437,10 +428,6 @@ class Preflight:
     host: HostEntry
     problem: str | None = None
     info: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def workspace(self):
-        return self.info.get("workspace")
 
 
 def classify_ssh_failure(host, returncode, stderr, python):
@@ -948,7 +935,8 @@ class _HostsJob:
         return code if code is not None else EXIT_PROCESS_FAILED
 
     def _root_cause(self):
-        """The earliest failure over every host's result file, or the first host seen to fail."""
+        """The earliest failure over every host's result file that is not a consequence of
+        another (see below), or the first host seen to fail without a result."""
         candidates = []
         for r in self.remotes:
             cause = (r.result or {}).get("cause")
@@ -958,7 +946,7 @@ class _HostsJob:
                 how = (f"was killed by {_signal_name(-code)}" if isinstance(code, int) and code < 0
                        else f"exited with code {code}")
                 error = cause.get("error")
-                candidates.append((cause.get("exit_time") or float("inf"),
+                candidates.append((_is_consequence(error), cause.get("exit_time") or float("inf"),
                                    f"{r.label} {cause.get('role')} {cause.get('index')} (pid "
                                    f"{cause.get('pid')}) {how}{': ' + error if error else ''}; "
                                    f"log: {log}"))
@@ -966,10 +954,13 @@ class _HostsJob:
                 what = self._describe_ssh_exit(r)
                 if r.returncode != 255 and r.last_stderr:
                     what += f": {r.last_stderr}"
-                candidates.append(((r.exit_time or float("inf")), f"{r.label}: {what}"))
+                candidates.append((False, r.exit_time or float("inf"), f"{r.label}: {what}"))
         if not candidates:
             return "no host reported a cause; see the hosts' fleetrun.log files"
-        return min(candidates, key=lambda c: c[0])[1]
+        # Earliest first, but an error that says it follows another process's loss comes
+        # after every other: a failing worker tells the servers before its own process has
+        # exited, so a worker on another host told of it may exit first.
+        return min(candidates, key=lambda c: c[:2])[2]
 
     def _report_hosts(self):
         say("how each host ended:")
@@ -1012,6 +1003,14 @@ for pid in os.listdir("/proc"):
     except (OSError, ProcessLookupError):
         pass
 """
+
+
+_CONSEQUENCE = re.compile(r"\bwas lost\b|^fleet\.errors\.ServerLostError\b")
+
+
+def _is_consequence(error):
+    """True for an error line that names another process's loss as its reason."""
+    return bool(error) and _CONSEQUENCE.search(error) is not None
 
 
 def remote_endpoint_host(endpoint):

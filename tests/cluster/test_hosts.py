@@ -35,7 +35,7 @@ class Setup:
         self.work = tmp_path / "here"
         self.work.mkdir()
         self.job = tmp_path / "job"
-        shutil.copytree(JOB, self.job)
+        shutil.copytree(JOB, self.job, ignore=shutil.ignore_patterns(".fleet_keys", "log", "model"))
         self.remote = os.path.join(cluster.tmpdir, "ws", "{host}")
 
     def argv(self, *options, hosts=None, script_args=("30", "0.02", "-1")):
