@@ -5,11 +5,13 @@ import argparse
 import os
 import socket
 import sys
+import textwrap
 
 from fleet.endpoints import parse_endpoint
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (DEFAULT_FAILURE_GRACE, EXIT_PROCESS_FAILED, EXIT_USAGE,
                                  LaunchConfig, _check_unique)
+from fleet.launch import hosts as hosts_module
 from fleet.launch.local import launch
 from fleet.launch.report import say
 from fleet.launch.this_host import place
@@ -80,6 +82,8 @@ examples:
   fleetrun --make_keys keys               # once; copy keys/ to every host
   fleetrun --servers 10.0.0.1:6170,10.0.0.2:6170 --workers 10.0.0.1:6171,10.0.0.2:6171 \
       --keys_dir keys train.py             # the same command on 10.0.0.1 and on 10.0.0.2
+  fleetrun --hosts node1,node2,node3 --server_num_per_host 1 --worker_num_per_host 2 \
+      --dispatch . train.py --epochs 3     # from any machine, over ssh
 """
 
 
@@ -140,6 +144,47 @@ def build_parser() -> argparse.ArgumentParser:
                             "by a dispatching fleetrun over ssh)")
     hosts.add_argument("--result_json", metavar="PATH",
                        help="at the end, write how the job ended here as JSON to PATH")
+    ssh = p.add_argument_group(
+        "one job on many hosts over ssh, from any machine (--hosts)",
+        textwrap.fill(
+        "fleetrun --hosts checks every host over ssh (python, fleet, the workspace; at most "
+        f"{hosts_module.PREFLIGHT_SECONDS:g} s, nothing starts unless every host passes), copies "
+        "the workspace, runs the per-host fleetrun on each host with --stop_on_stdin_eof, "
+        "streams worker 0's output, prefixes each host's messages with [host], ends every "
+        "process on every host when one fails or on Ctrl-C, and fetches each host's logs into "
+        "LOG_DIR/<host>/. It uses the system's ssh (your ~/.ssh/config, agent and known_hosts) "
+        "with BatchMode. Host i's servers get ports START_PORT.. (default 6170) and its workers "
+        "the next ones. The job is encrypted: the job's CURVE keys go with the workspace "
+        "(.fleet_keys/, owner-only) unless --insecure. --nic NAME makes each host's endpoints "
+        "the address of its interface NAME instead of the host as written.", width=86))
+    ssh.add_argument("--hosts", metavar="HOSTFILE|H1,H2,...",
+                     help="the hosts, each [user@]host[:sshport]: a comma list, or a file with "
+                          "one per line (# comments); host 0 runs worker 0")
+    ssh.add_argument("--server_num_per_host", type=int, default=1, metavar="S",
+                     help="servers on each host (default: 1)")
+    ssh.add_argument("--worker_num_per_host", type=int, default=1, metavar="W",
+                     help="workers on each host (default: 1)")
+    ssh.add_argument("--dispatch", metavar="DIR",
+                     help="copy this local directory to every host (rsync: only what changed; "
+                          "scp -r if rsync is missing) and run there; the script path is "
+                          "relative to it")
+    ssh.add_argument("--workspace", metavar="DIR",
+                     help="a directory already on every host (shared filesystem, earlier copy) "
+                          "to run in; the script path is relative to it")
+    ssh.add_argument("--remote_dir", default=hosts_module.DEFAULT_REMOTE_DIR, metavar="PATH",
+                     help="where --dispatch copies to on each host; {name} is DIR's base name, "
+                          "{host} the host's name, ~ the remote home (default: "
+                          "~/fleet_jobs/{name})")
+    ssh.add_argument("--python", default=sys.executable, metavar="PATH",
+                     help="the python with fleet on every host (default: this fleetrun's "
+                          f"python, {sys.executable})")
+    ssh.add_argument("--ssh_config", metavar="FILE",
+                     help="an ssh_config file for ssh, scp and rsync (ssh -F FILE; default: "
+                          "~/.ssh/config)")
+    ssh.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                     help="set a variable for every remote process (repeatable); FLEET_*, "
+                          "FLAGS_*, PYTHON*, NUMBA_*, CPU_NUM and the BLAS thread counts of "
+                          "this environment are passed on anyway")
     p.add_argument("training_script", nargs="?", help="the Python script every process runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER,
                    help="arguments given to the script")
@@ -293,6 +338,47 @@ def _pick_free_ports(count):
             s.close()
 
 
+_PER_HOST_ONLY = ("servers", "workers", "server_num", "worker_num", "host", "keys_dir",
+                  "stop_on_stdin_eof", "result_json")
+_HOSTS_ONLY = ("dispatch", "workspace", "env")
+
+
+def hosts_config_from_args(args: argparse.Namespace) -> hosts_module.HostsConfig:
+    """Turn parsed fleetrun --hosts arguments into a HostsConfig.
+
+    Raises:
+        ConfigError: an option that belongs to a one-host run is given, or a value is bad.
+    """
+    given = [f"--{name}" for name in _PER_HOST_ONLY if getattr(args, name) not in (None, False)]
+    if given:
+        raise ConfigError(f"{', '.join(given)} cannot be used with --hosts: the dispatcher "
+                          "computes every endpoint (--server_num_per_host, "
+                          "--worker_num_per_host, --start_port) and makes the job's keys")
+    if not args.training_script:
+        raise ConfigError("no training script: give its path relative to the workspace "
+                          "(fleetrun --hosts ... train.py [args])")
+    return hosts_module.HostsConfig(
+        hosts=hosts_module.parse_hosts(args.hosts), training_script=args.training_script,
+        script_args=tuple(args.training_script_args),
+        server_num_per_host=args.server_num_per_host,
+        worker_num_per_host=args.worker_num_per_host, dispatch=args.dispatch,
+        workspace=args.workspace, remote_dir=args.remote_dir, python=args.python,
+        ssh_config=args.ssh_config, nic=args.nic,
+        start_port=6170 if args.start_port is None else args.start_port,
+        insecure=args.insecure, log_dir=args.log_dir, env=tuple(args.env),
+        kill_timeout=args.kill_timeout, server_exit_timeout=args.server_exit_timeout,
+        failure_grace=args.failure_grace, timeout=args.timeout)
+
+
+def _check_no_hosts_options(args):
+    given = [f"--{name}" for name in _HOSTS_ONLY if getattr(args, name)]
+    if args.server_num_per_host != 1 or args.worker_num_per_host != 1:
+        given.append("--server_num_per_host/--worker_num_per_host")
+    if given:
+        raise ConfigError(f"{', '.join(given)} only work with --hosts (a job on several hosts "
+                          "over ssh); give --hosts H1,H2,... or leave them out")
+
+
 def main(argv=None) -> None:
     """Entry point of ``fleetrun`` and ``python -m fleet.launch``: exits with launch's code."""
     parser = build_parser()
@@ -303,7 +389,11 @@ def main(argv=None) -> None:
             say(f"wrote CURVE keys to {args.make_keys} (owner-only); copy the directory to "
                 f"every host of the job and give fleetrun --keys_dir {args.make_keys}")
             sys.exit(0)
-        code = launch(config_from_args(args))
+        if args.hosts is not None:
+            code = hosts_module.run_hosts(hosts_config_from_args(args))
+        else:
+            _check_no_hosts_options(args)
+            code = launch(config_from_args(args))
     except ConfigError as e:
         say(f"error: {e}")
         code = EXIT_USAGE

@@ -114,11 +114,15 @@ class _SignalCatcher:
     def watch_stdin(self, wake):
         """Sets ``stdin_closed`` (and ``wake``) once standard input reaches end of file."""
         def read_to_eof():
-            stream = getattr(sys.stdin, "buffer", sys.stdin)
+            # os.read on the descriptor, not sys.stdin's buffered reader: a daemon thread
+            # blocked inside the reader holds its lock, and Python aborts at exit ("could
+            # not acquire lock for <stdin> at interpreter shutdown", SIGABRT) when the main
+            # thread's shutdown touches stdin.
             try:
-                while stream.read(4096):
+                fd = sys.stdin.fileno()
+                while os.read(fd, 4096):
                     pass
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):
                 pass
             self.stdin_closed = True
             wake.set()
