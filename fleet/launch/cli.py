@@ -159,11 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the address of its interface NAME instead of the host as written.", width=86))
     ssh.add_argument("--hosts", metavar="HOSTFILE|H1,H2,...",
                      help="the hosts, each [user@]host[:sshport]: a comma list, or a file with "
-                          "one per line (# comments); host 0 runs worker 0")
+                          "one per line (# comments), where a line may add servers=N and/or "
+                          "workers=M for that host; the first host with workers runs worker 0")
     ssh.add_argument("--server_num_per_host", type=int, default=1, metavar="S",
-                     help="servers on each host (default: 1)")
+                     help="servers on each host without servers=N on its hostfile line (default: 1)")
     ssh.add_argument("--worker_num_per_host", type=int, default=1, metavar="W",
-                     help="workers on each host (default: 1)")
+                     help="workers on each host without workers=M on its hostfile line (default: 1)")
     ssh.add_argument("--dispatch", metavar="DIR",
                      help="copy this local directory to every host (rsync: only what changed; "
                           "scp -r if rsync is missing) and run there; the script path is "

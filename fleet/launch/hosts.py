@@ -2,13 +2,14 @@
 
 The dispatcher (this module) never starts a training process itself. It
 
-1. parses the hosts (``[user@]host[:sshport]``, from ``--hosts`` or a hostfile);
+1. parses the hosts (``[user@]host[:sshport]``, from ``--hosts`` or a hostfile, whose
+   lines may add ``servers=N`` / ``workers=M`` for that host);
 2. runs a preflight on every host at once, bounded at PREFLIGHT_SECONDS: one ssh that
    runs a short remote python printing what it found (python and fleet versions, the
    workspace, the NIC's address); a failure is named per host with the fix, and nothing
    starts unless every host passed;
 3. computes every endpoint: host i's servers get ports start_port.., its workers the next
-   ones; global indexes go host by host, so worker 0 is on the first host;
+   ones; global indexes go host by host, so worker 0 is on the first host with workers;
 4. makes the job's CURVE keys (unless --insecure) and copies the workspace (rsync over
    ssh: only what changed; scp -r if rsync is missing on either side);
 5. runs on every host, over one ssh each, the per-host form of fleetrun
@@ -41,7 +42,7 @@ import uuid
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (BLAS_THREAD_VARIABLES, EXIT_OK, EXIT_PROCESS_FAILED,
                                  EXIT_TIMEOUT, EXIT_USAGE)
-from fleet.launch.local import _die_with_parent, _SignalCatcher
+from fleet.launch.local import die_with_parent, SignalCatcher
 from fleet.launch.report import SAY_LOGGER, plural, say
 from fleet.logs import WaitLog
 
@@ -79,12 +80,17 @@ class HostEntry:
         user: the ssh user, or None for ssh's default (ssh_config, then the local user).
         port: the ssh port, or None for ssh's default.
         where: where it was written, for messages ("hostfile line 3", "--hosts entry 2").
+        servers, workers: this host's process counts from its hostfile line
+            (``servers=N workers=M``), or None for --server_num_per_host /
+            --worker_num_per_host.
     """
 
     host: str
     user: str | None = None
     port: int | None = None
     where: str = ""
+    servers: int | None = None
+    workers: int | None = None
 
     @property
     def name(self) -> str:
@@ -105,12 +111,22 @@ class HostEntry:
         return f"{self.user + '@' if self.user else ''}{host}{port}"
 
 
-def parse_host_entry(text: str, where: str) -> HostEntry:
-    """Parse ``[user@]host[:sshport]`` (an IPv6 host in brackets).
+def parse_host_entry(text: str, where: str, counts: bool = False) -> HostEntry:
+    """Parse ``[user@]host[:sshport]`` (an IPv6 host in brackets), and with ``counts`` (a
+    hostfile line) optional ``servers=N`` and ``workers=M`` after it.
 
     Raises:
         ConfigError: malformed; the message names where it was written.
     """
+    words = text.split()
+    given = {}
+    for word in words[1:] if counts else ():
+        key, sep, value = word.partition("=")
+        if key not in ("servers", "workers") or not sep or not value.isdigit() or key in given:
+            raise ConfigError(f"{where}: {word!r} after the host is not servers=N or workers=N "
+                              "(each at most once, N >= 0); write e.g. 'node1 servers=2 workers=0'")
+        given[key] = int(value)
+    text = words[0] if counts and words else text
     m = _HOST_RE.match(text.strip())
     if m is None:
         raise ConfigError(f"{where}: {text.strip()!r} is not a host; write [user@]host[:sshport], "
@@ -120,7 +136,8 @@ def parse_host_entry(text: str, where: str) -> HostEntry:
         raise ConfigError(f"{where}: ssh port {port} of {text.strip()!r} is out of range; give "
                           "a port in 1..65535")
     return HostEntry(host=m.group("v6") or m.group("host"), user=m.group("user"),
-                     port=int(port) if port is not None else None, where=where)
+                     port=int(port) if port is not None else None, where=where,
+                     servers=given.get("servers"), workers=given.get("workers"))
 
 
 def parse_hosts(spec: str) -> list[HostEntry]:
@@ -148,7 +165,7 @@ def parse_hosts(spec: str) -> list[HostEntry]:
         for number, line in enumerate(lines, 1):
             text = line.split("#", 1)[0].strip()
             if text:
-                entries.append(parse_host_entry(text, f"hostfile {spec} line {number}"))
+                entries.append(parse_host_entry(text, f"hostfile {spec} line {number}", counts=True))
         if not entries:
             raise ConfigError(f"hostfile {spec} lists no host (only blank lines and comments); "
                               "write one [user@]host[:sshport] per line")
@@ -173,7 +190,7 @@ class HostsConfig:
     """A --hosts job. Validated on construction.
 
     Attributes:
-        hosts: the hosts, in order (host 0 runs worker 0).
+        hosts: the hosts, in order (the first host with workers runs worker 0).
         training_script: the script, relative to the workspace.
         script_args: its arguments.
         server_num_per_host, worker_num_per_host: processes per host.
@@ -237,12 +254,13 @@ class HostsConfig:
             raise ConfigError(f"--server_num_per_host {self.server_num_per_host} / "
                               f"--worker_num_per_host {self.worker_num_per_host}: give counts "
                               "of 0 or more")
-        if self.server_num_per_host == 0 or self.worker_num_per_host == 0:
+        counts = [self.counts(i) for i in range(len(self.hosts))]
+        if sum(s for s, _ in counts) == 0 or sum(w for _, w in counts) == 0:
             raise ConfigError("a --hosts job needs servers and workers: give "
                               "--server_num_per_host 1 or more and --worker_num_per_host 1 "
-                              "or more (local training runs on one machine: fleetrun "
-                              "--server_num 0)")
-        count = self.server_num_per_host + self.worker_num_per_host
+                              "or more, or servers=N / workers=N on hostfile lines (local "
+                              "training runs on one machine: fleetrun --server_num 0)")
+        count = max(s + w for s, w in counts)
         if not 1 <= self.start_port <= 65536 - count:
             raise ConfigError(f"--start_port {self.start_port} leaves no room for {count} "
                               f"consecutive ports; give a port in 1..{65536 - count}")
@@ -255,6 +273,12 @@ class HostsConfig:
         if self.ssh_config is not None and not os.path.isfile(self.ssh_config):
             raise ConfigError(f"--ssh_config {self.ssh_config!r} is not a file; give an "
                               "ssh_config file (as for ssh -F)")
+
+    def counts(self, index):
+        """(servers, workers) host ``index`` runs: its hostfile line's, else the per-host options."""
+        host = self.hosts[index]
+        return (self.server_num_per_host if host.servers is None else host.servers,
+                self.worker_num_per_host if host.workers is None else host.workers)
 
     def remote_dir_of(self, host: HostEntry) -> str:
         """The workspace path on host as given (may start with ~)."""
@@ -269,20 +293,23 @@ def plan_endpoints(addresses, servers_per_host, workers_per_host, start_port):
 
     Args:
         addresses: each host's endpoint host, in host order.
-        servers_per_host, workers_per_host: processes per host.
+        servers_per_host, workers_per_host: processes per host: one count for every host,
+            or a list with one count per host.
         start_port: the first port of each host: its servers take start_port.., its
             workers the ports after them.
 
     Returns:
-        (servers, workers): lists of "host:port"; host i has servers
-        i*S .. i*S+S-1 and workers i*W .. i*W+W-1.
+        (servers, workers): lists of "host:port", host by host: with the same counts S and
+        W everywhere, host i has servers i*S .. i*S+S-1 and workers i*W .. i*W+W-1.
     """
+    def per_host(count):
+        return list(count) if isinstance(count, (list, tuple)) else [count] * len(addresses)
+
     servers, workers = [], []
-    for addr in addresses:
+    for addr, s, w in zip(addresses, per_host(servers_per_host), per_host(workers_per_host)):
         host = f"[{addr}]" if ":" in addr else addr
-        servers += [f"{host}:{start_port + k}" for k in range(servers_per_host)]
-        workers += [f"{host}:{start_port + servers_per_host + k}"
-                    for k in range(workers_per_host)]
+        servers += [f"{host}:{start_port + k}" for k in range(s)]
+        workers += [f"{host}:{start_port + s + k}" for k in range(w)]
     return servers, workers
 
 
@@ -344,7 +371,7 @@ def run_bounded(argv, timeout, stdin=subprocess.DEVNULL, input_=None):
     timeout (the process group was killed)."""
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input_ is not None else stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
+                            start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
     try:
         out, err = proc.communicate(input_, timeout=timeout)
         return proc.returncode, out, err
@@ -409,14 +436,12 @@ conn = os.environ.get("SSH_CONNECTION", "").split()
 r["address"] = conn[2] if len(conn) > 2 else None
 nic = sys.argv[2]
 if nic:
-    import fcntl, socket, struct
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", nic[:15].encode()))
-        r["nic_address"] = socket.inet_ntoa(packed[20:24])
-    except OSError as e:
-        r["nic_error"] = "%s (interfaces here: %s)" % (
-            e.strerror, ", ".join(n for _, n in socket.if_nameindex()))
+        from fleet.launch.this_host import interface_addresses
+        found = sorted(interface_addresses(nic), key=lambda a: (":" in a, a))  # IPv4 first
+        r["nic_address"] = found[0]
+    except Exception as e:
+        r["nic_error"] = str(e)
 print("FLEET-PREFLIGHT " + json.dumps(r), flush=True)
 """
 
@@ -505,7 +530,7 @@ def _judge_preflight(config, host, code, out, err):
         return Preflight(host, f"{where}: --workspace {config.workspace} does not exist there "
                                f"({info.get('workspace')}); copy it there or use --dispatch", info)
     if config.nic and "nic_address" not in info:
-        return Preflight(host, f"{where}: --nic {config.nic}: {info.get('nic_error')}; give an "
+        return Preflight(host, f"{where}: {info.get('nic_error')}; give an "
                                "interface every host has, or leave --nic out", info)
     return Preflight(host, None, info)
 
@@ -555,7 +580,7 @@ def run_hosts(config: HostsConfig) -> int:
     Raises:
         ConfigError: bad settings found before anything started (exit 2).
     """
-    with _SignalCatcher() as signals:
+    with SignalCatcher() as signals:
         return _HostsJob(config, signals).run()
 
 
@@ -591,8 +616,11 @@ class _HostsJob:
         versions = sorted({p.info.get("fleet") for p in checks})
         say(f"preflight passed: python {', '.join(sorted({p.info['python'] for p in checks}))}, "
             f"fleet {', '.join(versions)} on every host")
-        self.servers, self.workers = plan_endpoints(addresses, c.server_num_per_host,
-                                                    c.worker_num_per_host, c.start_port)
+        counts = [c.counts(i) for i in range(len(c.hosts))]
+        self.addresses = addresses
+        self.spans = _spans(counts)
+        self.servers, self.workers = plan_endpoints(addresses, [s for s, _ in counts],
+                                                    [w for _, w in counts], c.start_port)
         try:
             for r in self.remotes:
                 os.makedirs(r.log_dir, exist_ok=True)
@@ -707,8 +735,7 @@ class _HostsJob:
         env = forwarded_environment(extra=c.env)
         env[JOB_ID_VARIABLE] = self.job_id
         argv = [c.python, "-m", "fleet.launch", "--servers", ",".join(self.servers),
-                "--workers", ",".join(self.workers), "--host", remote_endpoint_host(
-                    self.servers[remote.index * c.server_num_per_host]),
+                "--workers", ",".join(self.workers), "--host", self.addresses[remote.index],
                 "--log_dir", log, "--stop_on_stdin_eof",
                 "--result_json", f"{log}/{RESULT_NAME}",
                 "--kill_timeout", f"{c.kill_timeout:g}",
@@ -731,9 +758,10 @@ class _HostsJob:
             f"{plural(len(self.workers), 'worker')} on {plural(len(self.remotes), 'host')} "
             f"(job {self.job_id}); logs in {c.log_dir}/<host>/")
         for r in self.remotes:
-            print(f"    {r.name}: servers {_span(r.index, c.server_num_per_host)} "
-                  f"({', '.join(self.servers[r.index * c.server_num_per_host:(r.index + 1) * c.server_num_per_host])}), "
-                  f"workers {_span(r.index, c.worker_num_per_host)}", file=sys.stderr, flush=True)
+            (s0, s1), (w0, w1) = self.spans[r.index]
+            print(f"    {r.name}: servers {_span(s0, s1)}"
+                  f"{f' ({chr(44).join(self.servers[s0:s1])})' if s1 > s0 else ''}, "
+                  f"workers {_span(w0, w1)}", file=sys.stderr, flush=True)
         exited = threading.Event()
         code = None
         try:
@@ -757,8 +785,8 @@ class _HostsJob:
         log = open(os.path.join(remote.log_dir, "fleetrun.log"), "a", encoding="utf-8")
         remote.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, start_new_session=True,
-                                       preexec_fn=_die_with_parent(os.getpid()))
-        streams_stdout = remote.index == 0
+                                       preexec_fn=die_with_parent(os.getpid()))
+        streams_stdout = self.spans[remote.index][1][0] == 0 < self.spans[remote.index][1][1]
         lock = threading.Lock()
 
         def copy_stdout():
@@ -1013,11 +1041,6 @@ def _is_consequence(error):
     return bool(error) and _CONSEQUENCE.search(error) is not None
 
 
-def remote_endpoint_host(endpoint):
-    host = endpoint.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") else host
-
-
 def _usable_keys(path):
     try:
         from fleet.transport.curve import CurveConfig
@@ -1036,8 +1059,20 @@ def _excluded_log_dir(source, log_dir):
     return "/" + rel.strip(os.sep) + "/"
 
 
-def _span(index, count):
-    return f"{index * count}" if count == 1 else f"{index * count}-{index * count + count - 1}"
+def _span(start, end):
+    """"none", "3" or "3-5": the indexes start .. end-1."""
+    if end <= start:
+        return "none"
+    return f"{start}" if end == start + 1 else f"{start}-{end - 1}"
+
+
+def _spans(counts):
+    """[((first server, end), (first worker, end)) per host] of per-host (S, W) counts."""
+    spans, s, w = [], 0, 0
+    for servers, workers in counts:
+        spans.append(((s, s + servers), (w, w + workers)))
+        s, w = s + servers, w + workers
+    return spans
 
 
 def _signal_name(number):

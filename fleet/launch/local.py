@@ -44,7 +44,7 @@ def launch(config: LaunchConfig) -> int:
         FleetError: a process could not be started (those already started are stopped).
     """
     _check_ready(config)
-    with _SignalCatcher() as signals:
+    with SignalCatcher() as signals:
         return _Job(config, signals).run()
 
 
@@ -99,7 +99,7 @@ def _probe_port(host, port):
     return None
 
 
-class _SignalCatcher:
+class SignalCatcher:
     """Records SIGINT/SIGTERM/SIGHUP instead of dying, so the job loop can stop children.
 
     A second signal sets ``hurry``: stop at once with SIGKILL instead of waiting.
@@ -348,7 +348,7 @@ class _Job:
         plan = [("server", i) for i in c.here("server")]
         plan += [("worker", i) for i in c.here("worker")]
         command = [sys.executable, "-u", c.training_script, *c.script_args]
-        preexec = _die_with_parent(os.getpid())
+        preexec = die_with_parent(os.getpid())
         for role, index in plan:
             if self.signals.received:
                 return
@@ -573,7 +573,7 @@ def _pid_exists(pid):
     return True
 
 
-def _die_with_parent(parent_pid):
+def die_with_parent(parent_pid):
     """A preexec_fn that makes the child get SIGKILL if fleetrun dies (Linux), else None."""
     if not sys.platform.startswith("linux"):
         return None

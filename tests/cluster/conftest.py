@@ -36,3 +36,17 @@ def cluster_factory():
     finally:
         for cluster in reversed(made):
             cluster.close()
+
+
+@pytest.fixture(scope="session")
+def ctr_data(tmp_path_factory):
+    """CTR-DNN train/test data for the cluster tests (tests/cluster/ctr.py)."""
+    from tests.cluster import ctr
+    return ctr.make_data(tmp_path_factory.mktemp("ctr") / "data")
+
+
+@pytest.fixture(scope="session")
+def ctr_keys(tmp_path_factory):
+    """A CTR job's CURVE key directory (fleetrun --make_keys)."""
+    from tests.cluster import ctr
+    return ctr.make_keys(tmp_path_factory.mktemp("keys") / "k")

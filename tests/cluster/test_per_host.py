@@ -4,10 +4,10 @@ host (servers on two hosts, workers on all three), encrypted with the job's keys
 Sync must equal the same job on one host to float tolerance (same servers, workers, data
 shards and seed); async must be within 0.01 test AUC of it. A host whose link is cut mid-
 training is named by the survivors within the heartbeat bound, and every fleetrun ends
-non-zero with nothing left running in any namespace.
+non-zero with nothing left running in any namespace. A process without the job's keys,
+on another host, gets nothing and changes nothing.
 """
 import json
-import os
 import subprocess
 import sys
 import time
@@ -15,83 +15,32 @@ import time
 import numpy as np
 import pytest
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "ctr_dnn")
-EXAMPLE = os.path.abspath(EXAMPLE)
-TRAIN = os.path.join(EXAMPLE, "train.py")
-PORT_SERVER, PORT_WORKER = 6170, 6171
-DENSE = [f"fc_{i}.{k}_0" for i in range(4) for k in ("w", "b")]
+from tests.cluster import ctr
 
-
-def _clean_env(**more):
-    """The environment of every run: no role variables, and one BLAS thread per process
-    (fleetrun gives a host's workers its cores, so 1 worker on a host of its own would
-    get more BLAS threads than 3 on one host, and another summation order)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TRAINING_ROLE", "PADDLE_", "FLEET_CURVE", "POD_IP"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", **more)
-    return env
-
-
-def _python(*args, cwd=EXAMPLE, timeout=120, env=None):
-    proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env or _clean_env())
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
-    return proc.stdout
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """6 train files (2 per worker, so sync workers run equal step counts) and a test set."""
-    out = tmp_path_factory.mktemp("ctr") / "data"
-    _python("generate_data.py", "--out_dir", out, "--train_lines", 60000, "--test_lines",
-            10000, "--train_files", 6)
-    return out
-
-
-def _evaluate(model_dir, data):
-    out = _python("infer.py", "--model_dir", model_dir / "epoch_0", "--data_dir", data)
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def _dense(model_dir):
-    return {name: np.load(model_dir / "epoch_0" / name) for name in DENSE}
-
-
-def _train_args(data, model_dir, strategy, epochs=1):
-    # One thread per worker: two would read two files at once, in an order that differs
-    # from run to run, and the runs could not be compared step for step.
-    return [TRAIN, "--data_dir", data, "--model_dir", model_dir, "--strategy", strategy,
-            "--batch_size", 200, "--print_period", 5, "--epochs", epochs, "--seed", 7,
-            "--threads", 1]
-
-
-def _one_host(tmp_path, data, strategy):
-    model = tmp_path / f"one-{strategy}"
-    _python("-m", "fleet.launch", "--server_num", 2, "--worker_num", 3, "--log_dir",
-            model / "log", *_train_args(data, model, strategy), cwd=tmp_path, timeout=180)
-    return model
+pytestmark = pytest.mark.slow
 
 
 def _endpoints(cluster):
-    h1, h2, h3 = cluster.hosts
-    servers = [f"{h.addr}:{PORT_SERVER}" for h in (h1, h2)]
-    workers = [f"{h.addr}:{PORT_WORKER}" for h in (h1, h2, h3)]
+    h1, h2, h3 = cluster.hosts[:3]
+    servers = [f"{h.addr}:{ctr.PORT_SERVER}" for h in (h1, h2)]
+    workers = [f"{h.addr}:{ctr.PORT_WORKER}" for h in (h1, h2, h3)]
     return ",".join(servers), ",".join(workers)
 
 
-def _start_on_every_host(cluster, tmp_path, data, strategy, keys, epochs=1, env=None):
-    """The same fleetrun command on each host; returns {host name: (Popen, its dir)}."""
+def _start_on_every_host(cluster, tmp_path, data, strategy, keys, epochs=1, env=None,
+                         hosts=None):
+    """The same fleetrun command on each host; returns (model dir, {host: (Popen, dir)})."""
     servers, workers = _endpoints(cluster)
     model = tmp_path / f"multi-{strategy}"
     started = {}
-    for host in cluster.hosts:
+    for host in hosts or cluster.hosts:
         work = tmp_path / host.name
         work.mkdir(exist_ok=True)
         argv = [sys.executable, "-m", "fleet.launch", "--servers", servers, "--workers", workers,
                 "--keys_dir", keys, "--log_dir", work / "log", "--result_json",
                 work / "result.json", "--timeout", 240,
-                *_train_args(data, model, strategy, epochs)]
-        started[host.name] = (host.popen(argv, cwd=work, env=env or _clean_env(),
+                *ctr.train_args(data, model, strategy, epochs)]
+        started[host.name] = (host.popen(argv, cwd=work, env=env or ctr.clean_env(),
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          text=True), work)
     return model, started
@@ -106,19 +55,11 @@ def _finish(started, timeout):
     return results
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    path = tmp_path_factory.mktemp("keys") / "k"
-    _python("-m", "fleet.launch", "--make_keys", path)
-    return path
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["sync", "async"])
 def test_ctr_dnn_across_three_hosts_matches_the_same_job_on_one_host(
-        cluster_factory, tmp_path, data, keys, strategy):
+        cluster_factory, tmp_path, ctr_data, ctr_keys, strategy):
     cluster = cluster_factory(3)
-    model, started = _start_on_every_host(cluster, tmp_path, data, strategy, keys)
+    model, started = _start_on_every_host(cluster, tmp_path, ctr_data, strategy, ctr_keys)
     results = _finish(started, 200)
     for name, (code, out, err, work) in results.items():
         assert code == 0, f"{name}: {err[-3000:]}"
@@ -130,34 +71,21 @@ def test_ctr_dnn_across_three_hosts_matches_the_same_job_on_one_host(
     assert results["h2"][1] == "" and results["h3"][1] == ""
     # the servers bound the hosts' own addresses, never loopback
     result = json.loads((results["h2"][3] / "result.json").read_text())
-    assert [p["endpoint"] for p in result["processes"]] == [f"{h2.addr}:{PORT_SERVER}",
-                                                            f"{h2.addr}:{PORT_WORKER}"]
+    assert [p["endpoint"] for p in result["processes"]] == [f"{h2.addr}:{ctr.PORT_SERVER}",
+                                                            f"{h2.addr}:{ctr.PORT_WORKER}"]
     assert cluster.leftovers() == {}
-
-    one = _one_host(tmp_path, data, strategy)
-    multi_eval, one_eval = _evaluate(model, data), _evaluate(one, data)
-    print(f"{strategy}: 3 hosts test AUC {multi_eval['auc']:.4f} log loss {multi_eval['log_loss']:.4f}; "
-          f"one host {one_eval['auc']:.4f} / {one_eval['log_loss']:.4f}")
-    if strategy == "sync":
-        multi, single = _dense(model), _dense(one)
-        for name in DENSE:
-            np.testing.assert_allclose(multi[name], single[name], rtol=0, atol=2e-5, err_msg=name)
-        assert abs(multi_eval["auc"] - one_eval["auc"]) < 1e-4
-        assert abs(multi_eval["log_loss"] - one_eval["log_loss"]) < 1e-4
-    else:
-        assert abs(multi_eval["auc"] - one_eval["auc"]) < 0.01, (multi_eval, one_eval)
-    assert one_eval["auc"] > 0.7  # the planted signal was learned
+    one = ctr.one_host(tmp_path, ctr_data, strategy)
+    ctr.assert_matches_one_host(model, one, ctr_data, strategy, "3 hosts, fleetrun on each")
 
 
-@pytest.mark.slow
 def test_a_host_cut_off_mid_training_is_named_by_every_survivor(cluster_factory, tmp_path,
-                                                                data, keys):
+                                                                ctr_data, ctr_keys):
     cluster = cluster_factory(3)
     h1, h2, h3 = cluster.hosts
-    env = _clean_env(FLEET_HEARTBEAT_MS="500", FLEET_HEARTBEAT_TIMEOUT_MS="3000",
-                     FLEET_RPC_TIMEOUT_MS="20000")
-    model, started = _start_on_every_host(cluster, tmp_path, data, "async", keys, epochs=400,
-                                          env=env)
+    env = ctr.clean_env(FLEET_HEARTBEAT_MS="500", FLEET_HEARTBEAT_TIMEOUT_MS="3000",
+                        FLEET_RPC_TIMEOUT_MS="20000")
+    model, started = _start_on_every_host(cluster, tmp_path, ctr_data, "async", ctr_keys,
+                                          epochs=400, env=env)
     log0 = tmp_path / "h1" / "log" / "workerlog.0"
     deadline = time.monotonic() + 60
     while "batch 10," not in (log0.read_text() if log0.exists() else ""):
@@ -177,8 +105,64 @@ def test_a_host_cut_off_mid_training_is_named_by_every_survivor(cluster_factory,
         print(name, exit_line)
         assert exit_line and h2.addr in exit_line[0], f"{name} did not name {h2.addr}:\n{err[-3000:]}"
     server0 = (tmp_path / "h1" / "log" / "serverlog.0").read_text()
-    assert f"worker 1 was lost: it stopped sending heartbeats" in server0
+    assert "worker 1 was lost: it stopped sending heartbeats" in server0
     assert f"it is probably dead, or its host {h2.addr} unreachable" in server0
     # the bound: heartbeat timeout 3 s, failure grace 3 s, SIGTERM; generous for a busy CI
     assert took < 30, f"the job took {took:.1f} s to end after the cut"
+    assert cluster.leftovers() == {}
+
+
+INTRUDER = """
+import json, sys, time
+import numpy as np
+from fleet.errors import FleetTimeoutError, ServerError
+from fleet.transport import Client
+answers, timeouts = [], 0
+deadline = time.monotonic() + float(sys.argv[2])
+client = Client(sys.argv[1], 0, timeout_ms=1000)
+while time.monotonic() < deadline:
+    try:
+        big = np.full((273, 400), 1e6, dtype=np.float32)
+        answers.append(repr(client.request("push", names=["fc_0.w_0@GRAD"], arrays=[big])))
+    except ServerError as e:
+        answers.append(str(e))
+    except FleetTimeoutError:
+        timeouts += 1
+print(json.dumps({"answers": answers, "timeouts": timeouts}))
+"""
+
+
+def test_a_process_without_the_keys_gets_nothing_and_changes_nothing(
+        cluster_factory, tmp_path, ctr_data, ctr_keys):
+    """While a sync job trains on h1-h3, h4 (no keys) pushes huge gradients at server 0 for
+    6 s and then runs the training script as "worker 0": no request gets an answer, its
+    worker fails naming the servers and CURVE, and the job's parameters equal those of the
+    same job on one host."""
+    cluster = cluster_factory(4)
+    intruder_host = cluster.hosts[3]
+    servers, workers = _endpoints(cluster)
+    model, started = _start_on_every_host(cluster, tmp_path, ctr_data, "sync", ctr_keys,
+                                          hosts=cluster.hosts[:3])
+    raw = intruder_host.run([sys.executable, "-c", INTRUDER, servers.split(",")[0], 6], 60,
+                            env=ctr.clean_env())
+    assert raw.returncode == 0, raw.stderr[-2000:]
+    seen = json.loads(raw.stdout.strip().splitlines()[-1])
+    assert seen["answers"] == [] and seen["timeouts"] >= 3, seen
+    intruder_env = ctr.clean_env(TRAINING_ROLE="TRAINER", PADDLE_PSERVERS_IP_PORT_LIST=servers,
+                                 PADDLE_TRAINER_ENDPOINTS=workers, PADDLE_TRAINERS_NUM="3",
+                                 PADDLE_TRAINER_ID="0", FLEET_CONNECT_TIMEOUT_MS="5000")
+    intruder = intruder_host.run([sys.executable, *ctr.train_args(ctr_data, tmp_path / "stolen",
+                                                                  "sync")],
+                                 60, cwd=tmp_path, env=intruder_env)
+    results = _finish(started, 200)
+    for name, (code, out, err, work) in results.items():
+        assert code == 0, f"{name}: {err[-3000:]}"
+    assert intruder.returncode != 0
+    error = intruder.stderr.strip().splitlines()[-1]
+    print(error)
+    assert error.startswith("fleet.errors.FleetTimeoutError: "), intruder.stderr[-2000:]
+    assert "CURVE" in error and servers.split(",")[0] in error, error
+    assert not (tmp_path / "stolen").exists()
+    one = ctr.one_host(tmp_path, ctr_data, "sync")
+    ctr.assert_matches_one_host(model, one, ctr_data, "sync", "3 hosts with an intruder")
     assert cluster.leftovers() == {}

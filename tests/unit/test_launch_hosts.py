@@ -23,7 +23,8 @@ def test_hostfile_skips_comments_and_blank_lines(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("node1\nnode 2\n", "hostfile {f} line 2: 'node 2' is not a host; write [user@]host[:sshport]"),
+    ("node1\nnode 2\n", "hostfile {f} line 2: '2' after the host is not servers=N or workers=N"),
+    ("node1\nnode@@2\n", "hostfile {f} line 2: 'node@@2' is not a host; write [user@]host[:sshport]"),
     ("node1\n# x\nnode1:2222\n", "hostfile {f} line 3: host node1 is already given at hostfile {f} line 1"),
     ("a:70000\n", "hostfile {f} line 1: ssh port 70000 of 'a:70000' is out of range"),
     ("# nothing\n\n", "hostfile {f} lists no host"),
@@ -50,7 +51,34 @@ def test_each_host_gets_its_servers_then_its_workers_from_start_port():
     assert servers == ["10.0.0.1:6170", "10.0.0.1:6171", "10.0.0.2:6170", "10.0.0.2:6171",
                        "[fe80::2]:6170", "[fe80::2]:6171"]
     assert workers == ["10.0.0.1:6172", "10.0.0.2:6172", "[fe80::2]:6172"]
-    assert H.remote_endpoint_host("[fe80::2]:6170") == "fe80::2"
+
+
+def test_hostfile_lines_may_give_their_own_process_counts(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# servers on the big-memory nodes\nnode1 servers=1\nroot@node2:2222 servers=1\n"
+                        "node3 servers=0 workers=2\n")
+    hosts = H.parse_hosts(str(hostfile))
+    assert [(h.host, h.servers, h.workers) for h in hosts] == [
+        ("node1", 1, None), ("node2", 1, None), ("node3", 0, 2)]
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text("")
+    config = H.HostsConfig(hosts=hosts, training_script="train.py", dispatch=str(job),
+                           server_num_per_host=0, worker_num_per_host=1)
+    assert [config.counts(i) for i in range(3)] == [(1, 1), (1, 1), (0, 2)]
+    servers, workers = H.plan_endpoints(["10.0.0.1", "10.0.0.2", "10.0.0.3"], [1, 1, 0], [1, 1, 2], 6170)
+    assert servers == ["10.0.0.1:6170", "10.0.0.2:6170"]
+    assert workers == ["10.0.0.1:6171", "10.0.0.2:6171", "10.0.0.3:6170", "10.0.0.3:6171"]
+    assert H._spans([(1, 1), (1, 1), (0, 2)]) == [((0, 1), (0, 1)), ((1, 2), (1, 2)), ((2, 2), (2, 4))]
+    assert H._span(2, 2) == "none" and H._span(2, 4) == "2-3" and H._span(1, 2) == "1"
+    hostfile.write_text("node1 slots=2\n")
+    with pytest.raises(ConfigError) as info:
+        H.parse_hosts(str(hostfile))
+    assert str(info.value) == (f"hostfile {hostfile} line 1: 'slots=2' after the host is not servers=N or "
+                               "workers=N (each at most once, N >= 0); write e.g. 'node1 servers=2 workers=0'")
+    with pytest.raises(ConfigError, match="a --hosts job needs servers and workers"):
+        H.HostsConfig(hosts=[H.HostEntry("a", servers=0), H.HostEntry("b", servers=0)],
+                      training_script="train.py", dispatch=str(job))
 
 
 def test_the_forwarded_environment():
