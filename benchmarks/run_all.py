@@ -58,6 +58,9 @@ def benchmarks(quick):
         ("scaling_merged", ["bench_scaling.py", "--lines", "50000" if quick else "200000",
                             "--trainers", "1,2,4" if quick else "1,2,4,8", "--timeout", "300",
                             "--strategies", "sync,async,half_async", "--merge_pushes", "0"]),
+        # three hosts as network namespaces, links uncapped and capped by tc tbf
+        ("cluster", ["bench_cluster.py", "--lines", "30000" if quick else "60000",
+                     "--caps", "none,100mbit" if quick else "none,1gbit,100mbit"]),
     ]
 
 
@@ -244,6 +247,25 @@ def scaling_rows(r, name="scaling"):
     return rows
 
 
+def cluster_rows(r):
+    cl = r.get("cluster") or {}
+    rows = []
+    for strategy, per_cap in (cl.get("results") or {}).items():
+        for cap, x in per_cap.items():
+            if "error" in x:
+                rows.append((strategy, cap, "error: " + cell(x["error"], 150), "", "", ""))
+                continue
+            rows.append((strategy, "uncapped" if cap == "none" else cap, fmt(x.get("job_examples_per_sec")),
+                         fmt(x.get("vs_uncapped"), "{:.2f}x") if cap != "none" else "",
+                         fmt(x.get("wire_bytes_per_example")),
+                         fmt(x.get("wire_bytes", 0) / 1e6, "{:,.1f}")))
+    return rows
+
+
+CLUSTER_HEADER = ("strategy", "links", "job examples/s", "vs uncapped", "bytes on the wire / example",
+                  "MB on the wire")
+
+
 SCALING_HEADER = ("strategy", "trainers", "workers x threads", "batch / thread", "test AUC", "vs sync", "vs local",
                   "examples/s", "job examples/s", "speed vs local", "CPU vs local", "GEO exchanges / worker")
 
@@ -304,6 +326,17 @@ def write_report(path, results, args, started):
         "batch / pushes merged:",
         "",
         table(SCALING_HEADER, scaling_rows(results, "scaling_merged")),
+        "",
+        "## CTR-DNN across hosts, links capped",
+        "",
+        f"`bench_cluster.py`: {fmt(get(results, 'cluster', 'lines'))} generated lines, 1 epoch, batch "
+        f"{get(results, 'cluster', 'batch_size') or 'n/a'}; three hosts as network namespaces joined by a "
+        f"bridge ({get(results, 'cluster', 'layout') or 'n/a'}), each link capped in both directions by "
+        "tc tbf. Bytes on the wire: what every host's link sent (headers, CURVE and heartbeats included) per "
+        "example trained. The hosts share this machine's cores, so the uncapped runs are CPU-bound; the "
+        "capped runs show how much each strategy depends on bandwidth.",
+        "",
+        table(CLUSTER_HEADER, cluster_rows(results)),
         "",
         "## Raw results",
         "",
