@@ -22,7 +22,7 @@ import numpy as np
 import fleet
 import fleet.framework as fw
 from fleet import layers, optimizer
-from fleet.communicator.base import Communicator
+from fleet.communicator.sync import SyncCommunicator
 from fleet.framework import io as fio
 from fleet.runtime import write_server_params
 from fleet.server.checkpoint import initial_values
@@ -74,7 +74,7 @@ def main():
         with contextlib.ExitStack() as stack:
             for sock, ps in zip(sockets, servers):
                 stack.enter_context(serving(sock, ps.handle))
-            comm = Communicator(plan, 0, fw.Scope(), {}, connect=lambda ep: Client(ep, 0))
+            comm = SyncCommunicator(plan, 0, fw.Scope(), {}, connect=lambda ep: Client(ep, 0))
             comm.start()
             started = time.perf_counter()
             with fio.VarsWriter(os.path.join(tmp, "ckpt")) as writer:

@@ -1,6 +1,20 @@
-"""Worker side of the wire: the sync, async, half-async and GEO communicators."""
+"""Worker side of the wire: the contract (``api``), the parameter-server base (``base``) and
+one module per strategy (``sync``, ``half_async``, ``asynchronous``, ``geo``), each
+registered by mode for ``make_communicator``."""
 from fleet.communicator import ops  # noqa: F401  (registers prefetch / send / geo_step)
+from fleet.communicator.api import (
+           CommunicatorAPI,
+           communicator_class,
+           make_communicator,
+           modes,
+           register,
+)
+from fleet.communicator.asynchronous import AsyncCommunicator
 from fleet.communicator.base import Communicator
-from fleet.communicator.communicators import (AsyncCommunicator, GeoCommunicator,
-                                              HalfAsyncCommunicator, SyncCommunicator,
-                                              make_communicator)
+from fleet.communicator.geo import GeoCommunicator
+from fleet.communicator.half_async import HalfAsyncCommunicator
+from fleet.communicator.sync import SyncCommunicator
+
+__all__ = ["AsyncCommunicator", "Communicator", "CommunicatorAPI", "GeoCommunicator",
+           "HalfAsyncCommunicator", "SyncCommunicator", "communicator_class", "make_communicator",
+           "modes", "register"]

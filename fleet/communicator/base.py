@@ -20,8 +20,8 @@ import threading
 
 import numpy as np
 
+from fleet.communicator.api import CommunicatorAPI
 from fleet.errors import ConfigError, DataError
-from fleet.framework.hooks import TrainingHooks
 from fleet.framework.tensor import PrefetchedRows, SparseRows
 from fleet.transpiler.plan import DENSE, DISTRIBUTED, SPARSE
 from fleet.transport.client import request_all
@@ -29,8 +29,9 @@ from fleet.transport.client import request_all
 log = logging.getLogger("fleet")
 
 
-class Communicator(TrainingHooks):
-    """Base of the four strategies' communicators.
+class Communicator(CommunicatorAPI):
+    """Base of the communicators that talk to parameter servers (every method of
+    ``CommunicatorAPI`` but ``send``).
 
     Args:
         plan: the job's DistPlan.
@@ -380,10 +381,6 @@ class Communicator(TrainingHooks):
         values[sel] = reply.arrays[0]
 
     # ------------------------------------------------------------------ steps
-    def send(self, grads):
-        """Hands a step's gradients over as the strategy wants (see subclasses)."""
-        raise NotImplementedError
-
     def geo_step(self, grads):
         raise ConfigError(f"geo_step is only for GEO training; this worker runs {self.mode}")
 

@@ -8,7 +8,7 @@ Only requests answered inside ``handle`` are supported (no parked sync steps).
 import numpy as np
 
 import fleet.framework as fw
-from fleet.communicator.base import Communicator
+from fleet.communicator.sync import SyncCommunicator
 from fleet.errors import FleetError, ServerError
 from fleet.framework import io as fio
 from fleet.server.checkpoint import initial_values
@@ -108,7 +108,7 @@ class Cluster:
             self.clients[ep] = FakeClient(self.servers[ep], 0, max_message_bytes)
             return self.clients[ep]
 
-        self.comm = Communicator(self.plan, 0, fw.Scope(), {}, connect)
+        self.comm = SyncCommunicator(self.plan, 0, fw.Scope(), {}, connect)
         self.comm.start()
 
     def push(self, grads):

@@ -3,7 +3,7 @@ pass shorter than update_frequency is logged once with the figures and the fix."
 import logging
 
 import fleet.framework as fw
-from fleet.communicator.communicators import GeoCommunicator
+from fleet.communicator.geo import GeoCommunicator
 from test_communicator_liveness import _plan
 
 

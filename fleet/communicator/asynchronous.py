@@ -1,10 +1,5 @@
-"""The four strategies' communicators (Paddle's Sync, HalfAsync, Async and GeoSgd).
+"""The async strategy's communicator (Paddle's Async).
 
-- ``SyncCommunicator``: a step's (thread-averaged) gradients go to every server in one
-  ``sync_push``; each server answers once every worker's step is in and applied, with
-  the fresh values of its dense blocks. When ``send`` returns, parameters are updated.
-- ``HalfAsyncCommunicator``: the same step from the worker's side, but servers apply on
-  arrival; the worker then pulls fresh dense parameters.
 - ``AsyncCommunicator``: ``send`` puts gradients on per-parameter bounded queues (a full
   queue blocks training: back-pressure); a send thread merges up to
   ``max_merge_var_num`` steps per parameter (sum for SGD, mean otherwise; with fewer
@@ -17,12 +12,6 @@
   the current step, after its previous step was sent; so each step computes on
   parameters that hold every one of this thread's updates but the last (at most one
   batch of its own staleness) while the network work overlaps the computation.
-- ``GeoCommunicator``: training is local; every ``update_frequency`` steps the worker
-  sends (local - last synced) / workers for dense blocks and the sparse rows touched, and
-  takes back the servers' values (sparse: the rows changed since its last exchange). The
-  first exchanges come sooner, after 1, 2, 4, ... steps, doubling up to
-  ``update_frequency``: workers drift apart fastest at the start, and a pass shorter than
-  ``update_frequency`` would otherwise average models trained apart (it is logged).
 """
 import collections
 import concurrent.futures
@@ -33,51 +22,17 @@ import time
 
 import numpy as np
 
+from fleet.communicator.api import register
+from fleet.communicator.base import Communicator
 from fleet.errors import FleetTimeoutError
-from fleet.logs import WaitLog
 from fleet.framework.runner import reduce_gradients
 from fleet.framework.tensor import SparseRows
-from fleet.communicator.base import Communicator
-from fleet.transpiler.plan import DENSE, SPARSE
-
-log = logging.getLogger("fleet")
+from fleet.logs import WaitLog
 
 AHEAD_KEPT = 4  # pulls ahead kept per training thread and table
 SEND_WAIT_PERIOD_S = 0.01  # one of Paddle's communicator_send_wait_times periods
 
-
-class SyncCommunicator(Communicator):
-    mode = "sync"
-    requires_thread_barrier = True
-
-    def send(self, grads):
-        """Sends the step's gradients; returns when every server applied the step with all
-        workers' gradients and this worker holds the updated dense parameters."""
-        per_ep = self.split_grads(grads)
-        pulls = {}
-        for p in self.dense:
-            for b in p.blocks:
-                pulls.setdefault(b.endpoint, []).append(b.name)
-        requests = {ep: ("sync_push", names, arrays, {"pull": pulls.get(ep, [])})
-                    for ep, (names, arrays) in per_ep.items()}
-        replies = self._all(requests)
-        self._count("sends")
-        for reply in replies.values():
-            self._write_blocks(reply.names, reply.arrays)
-
-
-class HalfAsyncCommunicator(Communicator):
-    mode = "half_async"
-    requires_thread_barrier = True
-
-    def send(self, grads):
-        """Sends the step's gradients (applied on arrival), then pulls fresh dense
-        parameters; blocks until both are done."""
-        requests = self._requests("push", self.split_grads(grads))
-        if requests:
-            self._all(requests)
-        self._count("sends")
-        self.pull_dense()
+log = logging.getLogger("fleet")
 
 
 def _servers(endpoints):
@@ -101,6 +56,7 @@ class _Ahead:
         self.future = future
 
 
+@register("async")
 class AsyncCommunicator(Communicator):
     mode = "async"
     prefetch_ahead = True
@@ -380,134 +336,3 @@ class AsyncCommunicator(Communicator):
             ev.set()
         if self.running and not self._closing:
             self._start_threads()
-
-
-class GeoCommunicator(Communicator):
-    mode = "geo"
-
-    def __init__(self, *args, update_frequency=100, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.k = int(update_frequency)
-        self.interval = 1  # steps until the next exchange: doubles up to k
-        self._steps = 0
-        self._pass_steps = 0
-        self._warned_short_pass = False
-        self._touched = {}  # table -> list of row arrays
-        self._lock = threading.Lock()
-        self._old = {}
-        self.tables = [p for p in self.plan.params.values() if p.kind == SPARSE]
-
-    def snapshot(self):
-        """Records the values every worker starts from (after init_worker's pull)."""
-        for p in self.plan.params.values():
-            self._old[p.name] = np.array(self.scope[p.name], dtype=np.float32, copy=True)
-
-    def send(self, grads):
-        raise AssertionError("GEO workers update locally; the program calls geo_step")
-
-    def geo_step(self, grads):
-        """Counts a local step and records the sparse rows it touched; every k steps
-        exchanges deltas with the servers (blocks during the exchange).
-
-        Raises:
-            the job's failure (``check_alive``), at the first step after it happened.
-        """
-        self.check_alive()
-        with self._lock:
-            for name, value in grads.items():
-                if isinstance(value, SparseRows) and len(value.rows):
-                    self._touched.setdefault(name, []).append(value.rows.copy())
-            self._steps += 1
-            self._pass_steps += 1
-            if self._steps >= self.interval:
-                self._exchange()
-                self.interval = min(self.k, 2 * self.interval)
-
-    def flush(self):
-        with self._lock:
-            if self._steps:
-                self._exchange()
-
-    def begin_pass(self, threads):
-        with self._lock:
-            self._pass_steps = 0
-
-    def end_pass(self):
-        """Exchanges what is left; logs once when the pass was shorter than update_frequency."""
-        with self._lock:
-            steps = self._pass_steps
-        if 0 < steps < self.k and not self._warned_short_pass:
-            self._warned_short_pass = True
-            log.warning(
-                "fleet: GEO worker %d ran %d steps this pass, fewer than update_frequency=%d: it exchanged with "
-                "the servers only during the first steps (after 1, 2, 4, ... steps) and at the end of the pass, so "
-                "the workers trained apart in between; set update_frequency to at most %d (a quarter of a pass) "
-                "to average them regularly", self.worker_id, steps, self.k, max(1, steps // 4))
-        super().end_pass()
-
-    def _exchange(self):
-        workers = self.plan.worker_num
-        by_grad = {p.grad: p for p in self.plan.params.values()}
-        out = {ep: ([], []) for ep in self.endpoints}
-        pulls, changed = {}, {}
-        for p in self.plan.params.values():
-            local = self.scope[p.name]
-            old = self._old[p.name]
-            if p.kind == DENSE:
-                delta = (local - old) * np.float32(1.0 / workers)
-                old += delta
-                for b in p.blocks:
-                    out[b.endpoint][0].append(b.name)
-                    out[b.endpoint][1].append(b.rows_of(delta))
-                    pulls.setdefault(b.endpoint, []).append(b.name)
-            else:
-                for b in p.blocks:
-                    changed.setdefault(b.endpoint, []).append(b.name)
-        for gname, rows_list in self._touched.items():
-            p = by_grad[gname]
-            rows = np.unique(np.concatenate(rows_list))
-            local, old = self.scope[p.name], self._old[p.name]
-            delta = (local[rows] - old[rows]) * np.float32(1.0 / workers)
-            old[rows] += delta
-            self._route_rows(p, rows, delta, out)
-        requests = {ep: ("geo_push", names, arrays, {"pull": pulls.get(ep, []), "pull_changed": changed.get(ep, [])})
-                    for ep, (names, arrays) in out.items()}
-        replies = self._all(requests)
-        for reply in replies.values():
-            names, arrays = reply.names, reply.arrays
-            i = 0
-            while i < len(names):
-                name = names[i]
-                if name.endswith("@ROWS"):
-                    p, _ = self._block_by_name(name[:-5])
-                    rows, values = arrays[i], arrays[i + 1]
-                    local, old = self.scope[p.name], self._old[p.name]
-                    local[rows] += values - old[rows]
-                    old[rows] = values
-                    i += 2
-                    continue
-                p, b = self._block_by_name(name)
-                local, old = self.scope[p.name], self._old[p.name]
-                lv, ov = b.rows_of(local), b.rows_of(old)
-                server = arrays[i].reshape(lv.shape)
-                lv += server - ov
-                ov[...] = server
-                i += 1
-        self._touched = {}
-        self._steps = 0
-        self._count("sends")
-
-
-def make_communicator(mode, plan, worker_id, scope, flags, connect, update_frequency=100, liveness=None):
-    """Returns the communicator of ``mode`` ("sync", "async", "half_async", "geo");
-    ``liveness`` as for ``Communicator``."""
-    if mode == "sync":
-        return SyncCommunicator(plan, worker_id, scope, flags, connect, liveness=liveness)
-    if mode == "half_async":
-        return HalfAsyncCommunicator(plan, worker_id, scope, flags, connect, liveness=liveness)
-    if mode == "async":
-        return AsyncCommunicator(plan, worker_id, scope, flags, connect, liveness=liveness)
-    if mode == "geo":
-        return GeoCommunicator(plan, worker_id, scope, flags, connect, update_frequency=update_frequency,
-                               liveness=liveness)
-    raise TypeError("Training MODE do not supported")
