@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -276,16 +277,41 @@ def table(header, rows):
     return "\n".join(out)
 
 
+def kept_results(path):
+    """{name: result} of the raw JSON lines of an earlier RESULTS.md, each with the date of
+    the run that measured it ("measured_at": its own, else that report's header date)."""
+    try:
+        text = open(path).read()
+    except OSError:
+        return {}
+    header = re.search(r" on (\d{4}-\d\d-\d\d \d\d:\d\d) UTC", text)
+    raw = text.split("## Raw results", 1)[-1]
+    kept = {}
+    for line in raw.splitlines():
+        if line.startswith('{"name": '):
+            result = json.loads(line)
+            name = result.pop("name")
+            result.setdefault("measured_at", header.group(1) if header else "an earlier run")
+            kept[name] = result
+    return kept
+
+
 def write_report(path, results, args, started):
     dist = results.get("distributed", {})
     sc = results.get("scaling", {})
+    rerun = sorted(k for k, v in results.items() if v.get("measured_at") == f"{started:%Y-%m-%d %H:%M}")
+    older = sorted({v.get("measured_at") for k, v in results.items() if k not in rerun})
+    when = (f"{started:%Y-%m-%d %H:%M} UTC" if not older else
+            f"{started:%Y-%m-%d %H:%M} UTC, which ran {', '.join(rerun)} (`--only ... --keep_others`); "
+            f"the other figures are from the run(s) of {', '.join(f'{d} UTC' for d in older)}, as each raw "
+            "line's measured_at says")
     lines = [
         "# Benchmark results",
         "",
-        f"Written by `python benchmarks/run_all.py{' --quick' if args.quick else ''}` on "
-        f"{started:%Y-%m-%d %H:%M} UTC. Machine: {os.cpu_count()} CPUs (`nproc`), {cpu_model()}, "
+        f"Written by `python benchmarks/run_all.py{' --quick' if args.quick else ''}` on {when}. "
+        f"Machine: {os.cpu_count()} CPUs (`nproc`), {cpu_model()}, "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}.",
-        "Each figure is measured in that run; ratios compare with a baseline measured in the same run.",
+        "Each figure is measured in one run; ratios compare with a baseline measured in the same run.",
         "",
         "## Goals",
         "",
@@ -357,15 +383,21 @@ def main(argv=None):
     p.add_argument("--only", help="comma-separated benchmark names to run (default: all)")
     p.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one benchmark may take (default 1800)")
+    p.add_argument("--keep_others", action="store_true",
+                   help="with --only: keep the other benchmarks' results from the existing --out file "
+                        "(each keeps the date of the run that measured it)")
     args = p.parse_args(argv)
+    if args.keep_others and not args.only:
+        p.error("--keep_others needs --only (the benchmarks to run again)")
     started = datetime.datetime.now(datetime.timezone.utc)
-    results = {}
+    results = kept_results(args.out) if args.keep_others else {}
     wanted = set(args.only.split(",")) if args.only else None
     for name, argv_ in benchmarks(args.quick):
         if wanted is not None and name not in wanted:
             continue
         print(f"run_all: {name}: {' '.join(argv_)}", flush=True)
         results[name] = run_one(argv_, args.timeout)
+        results[name]["measured_at"] = f"{started:%Y-%m-%d %H:%M}"
         print(json.dumps({"name": name, **results[name]}), flush=True)
     write_report(args.out, results, args, started)
     print(f"run_all: wrote {args.out}")
