@@ -38,7 +38,7 @@ from fleet.transpiler.plan import DISTRIBUTED, SPARSE, build_plan
 from fleet.transpiler.worker_program import (has_server_updates, reads_server_params, transpile_eval,
                                              transpile_worker)
 from fleet.transport import Client, CurveConfig, Heartbeat, ServerSocket, wait_for_servers
-from fleet.transport.settings import heartbeat_settings
+from fleet.transport.settings import heartbeat_settings, worker_connect_timeout_ms
 
 log = logging.getLogger("fleet")
 
@@ -537,10 +537,13 @@ class _ServerWatch:
     def __init__(self, ps, sock, stop, timeout_s, name="server"):
         self.ps, self.sock, self.stop, self.timeout_s = ps, sock, stop, timeout_s
         self.name = name
+        self.since = time.monotonic()
+        self.first_contact_s = worker_connect_timeout_ms() / 1000.0
         self.published = None  # when heartbeat replies started to carry the failure
         self.stop_at = None
         self.connect_wait = WaitLog(f"{_plural(ps.workers, 'worker')} to connect to {name} ({sock.endpoint})",
-                                    logger=log)
+                                    limit=f"failing the job after {self.first_contact_s:g} s "
+                                          f"(FLEET_WORKER_CONNECT_TIMEOUT_MS)", logger=log)
         self.waits = {}  # what -> WaitLog of the parked wait that began at its `since`
         self.stop_wait = None
 
@@ -576,7 +579,8 @@ class _ServerWatch:
         now = time.monotonic()
         ps = self.ps
         last_heard = self.sock.last_heard()
-        ps.check_liveness(last_heard, self.timeout_s, now)
+        ps.check_liveness(last_heard, self.timeout_s, now, since=self.since,
+                          first_contact_s=self.first_contact_s)
         self._log_waits(last_heard)
         if ps.failure is not None and self.published is None:
             self.sock.set_heartbeat_status(ps.status())

@@ -55,7 +55,7 @@ from fleet.server.checkpoint import ShardCursor, load_server_state
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
 from fleet.transpiler.plan import DISTRIBUTED
-from fleet.transport.settings import HEARTBEAT_TIMEOUT_MS_ENV
+from fleet.transport.settings import HEARTBEAT_TIMEOUT_MS_ENV, WORKER_CONNECT_TIMEOUT_MS_ENV
 
 log = logging.getLogger("fleet.server")
 
@@ -465,12 +465,14 @@ class ParameterServer:
                 self.told.add(w)
             parked.clear()
 
-    def check_liveness(self, last_heard, timeout_s, now=None):
+    def check_liveness(self, last_heard, timeout_s, now=None, since=None, first_contact_s=None):
         """Fails every worker not heard from for longer than ``timeout_s`` (see fail_worker).
 
-        A worker never heard from is not timed out: schedulers start processes at
-        different times, and a worker that cannot reach the servers fails by itself
-        (FLEET_CONNECT_TIMEOUT_MS).
+        A worker never heard from is not timed out by the heartbeat bound: schedulers start
+        processes at different times, and a worker that cannot reach the servers fails by
+        itself (FLEET_CONNECT_TIMEOUT_MS). It is failed once ``first_contact_s`` seconds have
+        passed since ``since`` (when the server started serving) without a word from it
+        (FLEET_WORKER_CONNECT_TIMEOUT_MS): a host whose processes were never started.
 
         Args:
             last_heard: {worker id: time.monotonic() of its last message} (the socket's).
@@ -480,7 +482,14 @@ class ParameterServer:
         now = time.monotonic() if now is None else now
         for worker in range(self.workers):
             heard = last_heard.get(worker)
-            if heard is None or worker in self.stopped or worker in self.lost:
+            if worker in self.stopped or worker in self.lost:
+                continue
+            if heard is None:
+                if first_contact_s is not None and since is not None and now - since > first_contact_s:
+                    self.fail_worker(worker, (
+                        f"it never connected: nothing came from it in the {now - since:.0f} s this server "
+                        f"has been serving ({WORKER_CONNECT_TIMEOUT_MS_ENV}={round(first_contact_s * 1000)})"
+                        f"{self._where(worker, 'started')}; check that every host's processes were started"))
                 continue
             silence = now - heard
             if silence > timeout_s:
@@ -489,10 +498,12 @@ class ParameterServer:
                     f"{round(timeout_s * 1000)}) without calling fleet.stop_worker(); it is probably dead"
                     f"{self._where(worker)} (see its log, workerlog.{worker} under fleetrun)"))
 
-    def _where(self, worker):
+    def _where(self, worker, how="unreachable"):
         """ ", or its host HOST unreachable" when the worker's endpoint is known, else ""."""
         if worker < len(self.worker_endpoints):
             host = split_endpoint(self.worker_endpoints[worker])[0]
+            if how == "started":
+                return f" (was it started on its host {host}?)"
             return f", or its host {host} unreachable"
         return ""
 
