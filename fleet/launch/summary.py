@@ -9,7 +9,7 @@ bounded timeout) and one line goes to fleetrun's stderr, e.g.
 Rates are the processes' own (over their last ~10 s); "lag" is the mean staleness of the
 workers that have one (async: steps not yet sent; GEO: steps since the last exchange);
 "rows" counts the embedding rows (is_sparse and distributed tables) the servers hold and
-MB the memory of every table with its optimizer state. Processes that did not answer are
+the memory of every table with its optimizer state (KB, MB, GB: powers of 1000). Processes that did not answer are
 named with the reason ("no answer from worker 1 (...: Connection refused)"), so a process
 that has not reached ``fleet.init`` yet, or hangs, shows.
 """
@@ -34,6 +34,13 @@ def _si(value):
         if value >= limit:
             return f"{value / limit:.1f}{suffix}"
     return f"{value:.0f}"
+
+
+def _bytes(value):
+    for limit, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
+        if value >= limit:
+            return f"{value / limit:,.0f} {unit}" if value >= 10 * limit else f"{value / limit:.1f} {unit}"
+    return f"{value:.0f} B"
 
 
 def summary_line(results):
@@ -70,7 +77,7 @@ def summary_line(results):
                 rows = sum(_sum(m, "fleet_server_table_rows",
                                 lambda labels: labels.get("kind") in ("sparse", "distributed")) for m in ok)
                 memory = sum(_sum(m, "fleet_server_table_memory_bytes") for m in ok)
-                text += f": {req:,.0f} req/s, {_si(rows)} rows, {memory / 1e6:,.0f} MB"
+                text += f": {req:,.0f} req/s, {_si(rows)} rows, {_bytes(memory)}"
         parts.append(text)
     silent = [f"{name} ({m})" for name, _, m in results if isinstance(m, str)]
     if silent:

@@ -288,6 +288,55 @@ def test_the_live_summary_line_sums_each_role_and_names_who_did_not_answer():
                                      "servers 1: 80 req/s, 1.2M rows, 180 MB")
     results[1] = ("worker 1", "worker", "http://127.0.0.1:9/metrics: Connection refused")
     results[0] = ("worker 0", "worker", _worker(900.0, 3.0, 3.0))
+    results[2] = ("server 0", "server", _server(80.0, 1_200_000.0, 2.5e6 - 56))
     assert summary_line(results) == ("workers 1 of 2: 900 ex/s, 3 push/s, 3 pull/s; servers 1: 80 req/s, "
-                                     "1.2M rows, 180 MB; no answer from worker 1 "
+                                     "1.2M rows, 2.5 MB; no answer from worker 1 "
                                      "(http://127.0.0.1:9/metrics: Connection refused)")
+
+
+def test_fleetrun_metrics_port_gives_servers_then_workers_consecutive_ports_and_urls():
+    from fleet.launch import LaunchConfig
+    from fleet.launch.config import process_environment
+    from fleet.launch.local import metrics_url
+
+    config = LaunchConfig("train.py", server_endpoints=("127.0.0.1:6170", "127.0.0.1:6171"),
+                          worker_endpoints=("127.0.0.1:6172", "127.0.0.1:6173", "127.0.0.1:6174"),
+                          metrics_port=9100, live_summary=2.0)
+    ports = [process_environment(config, "server", i, base={})["FLEET_METRICS_PORT"] for i in range(2)]
+    ports += [process_environment(config, "worker", j, base={})["FLEET_METRICS_PORT"] for j in range(3)]
+    assert ports == ["9100", "9101", "9102", "9103", "9104"]
+    assert metrics_url(config, "worker", 1) == "http://127.0.0.1:9103/metrics"
+    local = LaunchConfig("train.py", metrics_port=9100)
+    assert process_environment(local, "worker", 0, base={}) == {"FLEET_METRICS_PORT": "9100"}
+    assert metrics_url(local, "worker", 0) == "http://127.0.0.1:9100/metrics"
+    assert "FLEET_METRICS_PORT" not in process_environment(LaunchConfig("train.py"), "worker", 0, base={})
+
+
+def test_fleetrun_watch_options_are_checked_with_their_fix():
+    from fleet.launch import LaunchConfig
+
+    with pytest.raises(ConfigError, match=r"--live_summary reads the processes' metrics endpoints: give "
+                                          r"--metrics_port BASE too"):
+        LaunchConfig("train.py", live_summary=1.0)
+    with pytest.raises(ConfigError, match=r"--live_summary 0 must be a positive number of seconds"):
+        LaunchConfig("train.py", metrics_port=9100, live_summary=0)
+    with pytest.raises(ConfigError, match=r"--metrics_port 65535 leaves no room for a port per process .* "
+                                          r"give a port in 1\.\.65533"):
+        LaunchConfig("train.py", server_endpoints=("127.0.0.1:6170",), worker_endpoints=("127.0.0.1:6171",
+                                                                                           "127.0.0.1:6172"),
+                     metrics_port=65535)
+
+
+def test_fleetrun_refuses_a_taken_metrics_port_before_starting_anything(tmp_path, capsys):
+    from fleet.launch import main
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    with _taken_port() as holder:
+        port = holder.getsockname()[1]
+        with pytest.raises(SystemExit) as ended:
+            main(["--server_num", "0", "--metrics_port", str(port), "--log_dir", str(tmp_path / "log"),
+                  str(script)])
+    assert ended.value.code == 2
+    assert (f"worker 0's metrics port {port} (--metrics_port {port} + 0): port {port} is already in use"
+            in capsys.readouterr().err)
