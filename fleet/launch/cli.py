@@ -35,6 +35,8 @@ environment of each process (everything else is passed through unchanged):
   PADDLE_TRAINERS_NUM           the number of workers
   PADDLE_TRAINER_ID             the worker's index, 0 .. workers-1 (removed for servers)
   POD_IP, PADDLE_PORT           host and port of the process's own endpoint
+  FLEET_METRICS_PORT            with --metrics_port BASE: BASE+N for server N,
+                                BASE+server_num+N for worker N
   PADDLE_TRAINING_ROLE, PADDLE_CURRENT_ENDPOINT and PADDLE_PSERVER_ID are removed.
   Local training (--server_num 0) removes all of the above.
 
@@ -79,6 +81,7 @@ examples:
   python -m fleet.launch --servers 127.0.0.1:6170,127.0.0.1:6171 --worker_num 2 train.py
   fleetrun --server_num 1 --worker_num 2 --start_port 6170 --log_dir logs train.py
   fleetrun --server_num 0 train.py        # local training: one process, no servers
+  fleetrun --server_num 1 --worker_num 2 --metrics_port 9100 --live_summary 10 train.py
   fleetrun --make_keys keys               # once; copy keys/ to every host
   fleetrun --servers 10.0.0.1:6170,10.0.0.2:6170 --workers 10.0.0.1:6171,10.0.0.2:6171 \
       --keys_dir keys train.py             # the same command on 10.0.0.1 and on 10.0.0.2
