@@ -74,7 +74,8 @@ def _check_ready(config):
                 problems.append(f"{role} {i}'s metrics port {port} (--metrics_port "
                                 f"{config.metrics_port} + {port - config.metrics_port}): {problem}")
     if problems:
-        fix = ("Free the port, choose another --start_port (or --metrics_port), or leave out "
+        other = " (or --metrics_port)" if any("metrics port" in p for p in problems) else ""
+        fix = (f"Free the port, choose another --start_port{other}, or leave out "
                "--start_port/--servers/--workers to get free ports"
                if any("already in use" in p for p in problems) else
                "Give endpoints this machine can bind, such as 127.0.0.1:PORT")
