@@ -15,6 +15,7 @@ import uuid
 
 import numpy as np
 
+from fleet import telemetry
 from fleet.errors import ConfigError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
@@ -68,6 +69,7 @@ class Fleet:
         role_maker.generate_role()
         self._role_maker = role_maker
         self._is_initialized = True
+        telemetry.start(self)  # describes this process; serves its metrics if FLEET_METRICS_PORT is set
         self._executor = Executor()
         self._runtime = None
         set_program_rewriter(None)  # a previous job's worker runtime no longer rewrites programs

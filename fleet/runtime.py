@@ -22,6 +22,7 @@ import weakref
 
 import numpy as np
 
+from fleet import telemetry
 from fleet.communicator import make_communicator
 from fleet.errors import ConfigError, FleetTimeoutError, ServerError, TransportError
 from fleet.framework import io as fio
@@ -115,6 +116,7 @@ class WorkerRuntime:
             op.attr("table"): op.input("Ids") for op in block.ops if op.type == "prefetch"
             and all(block.vars[n].is_data for n in op.input("Ids"))})
         self.started = False
+        telemetry.TELEMETRY.attach_worker(self)
 
     def programs(self):
         return self.program, self.startup
@@ -453,6 +455,8 @@ class ServerRuntime:
         self.endpoint = fleet.server_endpoints()[fleet.server_index()]
         self.name = f"server {fleet.server_index()}"
         self.server = None
+        self.sock = None  # the ServerSocket while run_server serves (telemetry reads its counters)
+        telemetry.TELEMETRY.attach_server(self)
 
     def programs(self):
         return self.main, self.startup
@@ -510,6 +514,7 @@ class ServerRuntime:
         interval_ms, timeout_ms = heartbeat_settings()
         stop = threading.Event()
         with ServerSocket(self.endpoint, curve=_curve()) as sock:
+            self.sock = sock
             watch = _ServerWatch(ps, sock, stop, timeout_ms / 1000.0, self.name)
             log.info("fleet: %s listening on %s; expecting %s (%s): %d blocks, %d tables",
                      self.name, self.endpoint, _plural(ps.workers, "worker"), ps.mode, len(ps.blocks),

@@ -119,6 +119,7 @@ class ParameterServer:
         self._exchange = {}  # worker -> (request, blobs)
         self._bak = {}  # (worker, block) -> param copy at the worker's last pull (DC-ASGD)
         self.requests = 0
+        self.op_requests = {}  # op -> requests handled (telemetry; written by the handling thread only)
         self.last_seen = {}
         self._cursors = {}  # (worker, table) -> ShardCursor of a table read out for saving
         self.loaded = {"dirname": None, "save_id": None, "step": None, "epoch": None}
@@ -151,6 +152,11 @@ class ParameterServer:
             self._parked_since[kind] = time.monotonic()
         parked[req.worker] = req
 
+    def parked_counts(self):
+        """{"sync", "barrier", "exchange": requests parked now} (for telemetry). Never blocks;
+        safe from any thread (reads only the sizes)."""
+        return {"sync": len(self._sync), "barrier": len(self._barrier), "exchange": len(self._exchange)}
+
     def waits(self):
         """What parked requests wait for: a list of (what, since, arrived, missing), one per
         kind of wait that has requests parked ("the sync step", "barrier_worker",
@@ -179,6 +185,7 @@ class ParameterServer:
         handler = getattr(self, "_op_" + str(req.op), None)
         if handler is None:
             raise DataError(f"unknown op {req.op!r}")
+        self.op_requests[req.op] = self.op_requests.get(req.op, 0) + 1  # known ops only: a bounded dict
         if req.op not in _READ_OPS and not 0 <= req.worker < self.workers:
             raise DataError(f"worker id {req.worker} is not a worker of this job (ids 0..{self.workers - 1}); "
                             f"{req.op!r} refused")
