@@ -65,6 +65,14 @@ _READ_OPS = frozenset(("pull_dense", "pull_sparse"))
 _UPDATE_OPS = frozenset(("push", "sync_push", "geo_push"))
 
 
+def _wait(ids):
+    return "waits" if len(ids) == 1 else "wait"
+
+
+def _workers_phrase(ids):
+    return ("worker " if len(ids) == 1 else "workers ") + ", ".join(map(str, ids))
+
+
 class ParameterServer:
     """What one server holds and how it answers.
 
@@ -350,6 +358,7 @@ class ParameterServer:
         req.defer()
         self._park("sync", self._sync, req)
         self._maybe_finish_sync()
+        self._check_crossed_waits()
 
     def _maybe_finish_sync(self):
         waiting = set(self._sync)
@@ -409,6 +418,32 @@ class ParameterServer:
         req.defer()
         self._park("barrier", self._barrier, req)
         self._maybe_release_barrier()
+        self._check_crossed_waits()
+
+    def _check_crossed_waits(self):
+        """Fails the job when every worker still training waits, some in a sync step and the
+        others at the barrier: neither can ever complete (the workers ran different numbers
+        of sync steps, e.g. unequal shards), so they are told now instead of after
+        FLEET_RPC_TIMEOUT_MS."""
+        if not self._sync or not self._barrier or self.failure is not None:
+            return
+        if not (self.live - self.stopped) <= (set(self._sync) | set(self._barrier)):
+            return
+        self.failure = (
+            f"{_workers_phrase(sorted(self._sync))} {_wait(self._sync)} in a sync step while "
+            f"{_workers_phrase(sorted(self._barrier))} {_wait(self._barrier)} at fleet.barrier_worker(): "
+            "the workers ran "
+            "different numbers of sync steps, so neither wait can end. In sync training every worker must "
+            "run the same number of steps per pass: give each worker the same number of batches (files "
+            "of equal line counts, as many per worker), or end the pass with fleet.stop_worker() instead "
+            "of a barrier")
+        log.error("server %s: %s", self.endpoint, self.failure)
+        for parked in (self._sync, self._barrier):
+            for w, r in list(parked.items()):
+                if not r.answered:
+                    r.reply_error(self.failure)
+                self.told.add(w)
+            parked.clear()
 
     def _maybe_release_barrier(self):
         if self._barrier and (self.live - self.stopped) <= set(self._barrier):
