@@ -927,6 +927,8 @@ def _check_timeout(value, name):
 
 
 def _flat(array, what, dtypes):
+    if isinstance(array, np.generic):  # a numpy scalar: a 0-d array
+        array = np.asarray(array)
     if not isinstance(array, np.ndarray):
         raise ConfigError(f"{what}: got a {type(array).__name__}, not a numpy array; pass np.asarray(x)")
     if array.dtype.name not in dtypes or not array.dtype.isnative:
