@@ -85,7 +85,8 @@ class ParameterServer:
         self.endpoint = endpoint
         self.worker_endpoints = tuple(worker_endpoints)  # for messages: where a lost worker ran
         self.plan = plan
-        self.mode = plan.mode
+        # Hybrid jobs keep only their tables here and push them as async workers do.
+        self.mode = "async" if plan.mode == "hybrid" else plan.mode
         self.workers = plan.worker_num
         self.dc_asgd = bool(dc_asgd) and self.mode == "async"
         track = self.workers if self.mode == "geo" else 0
