@@ -12,7 +12,7 @@ identical on every worker. ``c_broadcast_params`` (the startup program's last op
 every worker rank 0's initial values.
 
 Ends of passes (unequal shards): the dense all-reduce carries one more value per worker,
-its flag: 1 = this worker ran a step, 0 = its pass is over (``end_pass``) or it stopped
+its flag (and a checksum slot): 1 = this worker ran a step, 0 = its pass is over (``end_pass``) or it stopped
 (``stop_worker``), 2 = it failed. Every worker sees every flag in the same round. When all
 are 1 the step is applied; otherwise nobody applies it: in ``train_from_dataset`` the
 workers that ran a step end their pass there (``EndOfPass``: every worker stops at the
@@ -20,7 +20,8 @@ shortest shard, the step computed on the longer shards is dropped and the learni
 counter's increment taken back); in an ``exe.run`` loop a worker that still runs steps
 after another stopped gets a ConfigError naming it; a failed worker makes the others
 raise a TransportError naming it. A worker that dies without a word is named by the
-group's heartbeats (``fleet.transport.group``).
+group's heartbeats (``fleet.transport.group``). The final round (``stop_worker``) carries
+each worker's CRC32 of its all-reduced parameters: they must be equal (else DataError).
 
 ``GroupSteps`` holds this logic for the collective communicator and for the hybrid one
 (``fleet.communicator.hybrid``), which all-reduces its dense gradients the same way and
@@ -31,6 +32,7 @@ trainer combines its threads first); ``exe.run`` of a collective program from se
 threads at once is not supported (the rounds of different threads would mix).
 """
 import logging
+import zlib
 
 import numpy as np
 
@@ -61,17 +63,20 @@ class GradientExchange:
         self.size = int(group.size)
         self.rank = int(group.rank)
 
-    def round(self, layout, values, flag):
+    def round(self, layout, values, flag, checksum=0):
         """One round: this worker's ``flag`` and, for a step, its gradients.
 
         Args:
             layout: the op's attributes (``params``, ``shapes``, ``sparse``).
             values: the step's gradients, in layout order (None when ``flag`` is not STEP).
             flag: STEP, FINISHED or FAILED.
+            checksum: a 32-bit value every worker sees (the final round's CRC32 of the
+                parameters), carried exactly as two 16-bit halves.
 
         Returns:
             (flags of every worker as a numpy int array, the mean gradients in layout order,
-            or None when not every worker ran a step).
+            or None when not every worker ran a step). ``self.checksums`` then holds every
+            worker's checksum.
 
         Blocks until every worker took part (bounded by the group's timeout).
         """
@@ -80,7 +85,7 @@ class GradientExchange:
         sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
         dense = [i for i, s in enumerate(sparse) if not s]
         total = sum(sizes[i] for i in dense)
-        buf = np.zeros(total + self.size, dtype=np.float32)
+        buf = np.zeros(total + 3 * self.size, dtype=np.float32)
         if flag == STEP:
             offset = 0
             for i in dense:
@@ -94,9 +99,11 @@ class GradientExchange:
                                         f"{sizes[i]} (shape {list(shapes[i])})")
                     buf[offset:offset + sizes[i]] = flat
                 offset += sizes[i]
-        buf[total + self.rank] = flag
+        buf[total + 3 * self.rank:total + 3 * self.rank + 3] = (flag, checksum >> 16, checksum & 0xFFFF)
         out = self.group.all_reduce(buf, op="sum")
-        flags = np.rint(out[total:]).astype(np.int64)
+        tail = np.rint(out[total:]).astype(np.int64).reshape(self.size, 3)
+        flags = tail[:, 0]
+        self.checksums = [int(hi) << 16 | int(lo) for hi, lo in tail[:, 1:]]
         if flag != STEP or (flags != STEP).any():
             return flags, None
         scale = np.float32(1.0 / self.size)
@@ -163,7 +170,7 @@ class GroupSteps:
     requires_thread_barrier = True
     allows_split_batches = True
 
-    def _init_group(self, make_group, who):
+    def _init_group(self, make_group, who, scope=None):
         if make_group is None:
             raise ConfigError(f"the {self.mode} communicator needs the workers' group (PADDLE_TRAINER_ENDPOINTS)")
         self._make_group = make_group
@@ -178,6 +185,7 @@ class GroupSteps:
         self._failed_announced = False
         self.who = who
         self.rounds = 0
+        self._scope = scope
 
     # ------------------------------------------------------------------ lifecycle
     def start_group(self):
@@ -198,10 +206,37 @@ class GroupSteps:
             return
         try:
             if self._failure is None and not self._failed_announced and self.layout is not None:
-                self._round(None, FINISHED)
+                flags, _ = self._round(None, FINISHED, self._checksum())
+                self._check_identical(flags)
         finally:
             self.group = None
             group.close()
+
+    def _checksum(self):
+        """CRC32 of the all-reduced parameters' values in this worker's scope."""
+        crc = 0
+        for name in self.layout["params"]:
+            value = self._scope.find_var(name) if self._scope is not None else None
+            if isinstance(value, np.ndarray):
+                crc = zlib.crc32(np.ascontiguousarray(value).view(np.uint8), crc)
+        return crc
+
+    def _check_identical(self, flags):
+        """After the final round of workers that all stopped: their parameters must be
+        bit-identical (the all-reduce promises it); checked by CRC32.
+
+        Raises:
+            DataError: they differ (names the workers and their checksums).
+        """
+        sums = self.exchange.checksums
+        if (flags != FINISHED).any() or self._scope is None:
+            return
+        if len(set(sums)) > 1:
+            raise DataError(f"{self.who}: the all-reduced parameters differ between the workers at the end "
+                            f"(CRC32 {', '.join(f'worker {r}: {c:08x}' for r, c in enumerate(sums))}); they "
+                            f"must be identical: check that every worker runs the same program")
+        log.info("fleet: %s: the %d all-reduced parameters are identical on every worker (CRC32 %08x)",
+                 self.who, len(self.layout["params"]), sums[0])
 
     def set_layout(self, layout):
         """The gradients each step exchanges: the ``c_allreduce_grads`` op's attributes
@@ -212,9 +247,9 @@ class GroupSteps:
         if self.group is None:
             raise ConfigError(f"{what} needs the other workers: call fleet.init_worker() first")
 
-    def _round(self, values, flag):
+    def _round(self, values, flag, checksum=0):
         try:
-            return self.exchange.round(self.layout, values, flag)
+            return self.exchange.round(self.layout, values, flag, checksum)
         except (FleetError, OSError) as e:
             self._failure = e
             raise
@@ -290,8 +325,11 @@ class GroupSteps:
             for name, value in items:
                 value[...] = got[offset:offset + value.size].reshape(value.shape).astype(value.dtype)
                 offset += value.size
-        log.info("fleet: %s took worker 0's initial values of %d variables", self.who,
-                 sum(len(v) for v in groups.values()))
+        count = sum(len(v) for v in groups.values())
+        if self.group.rank == 0:
+            log.info("fleet: %s gave its initial values of %d variables to the other workers", self.who, count)
+        else:
+            log.info("fleet: %s took worker 0's initial values of %d variables", self.who, count)
 
     # ------------------------------------------------------------------ coordination
     def group_barrier(self, timeout=None):
@@ -371,7 +409,7 @@ class CollectiveCommunicator(GroupSteps, CommunicatorAPI):
         self.plan = plan
         self.worker_id = int(worker_id)
         self.running = False
-        self._init_group(make_group, f"worker {self.worker_id}")
+        self._init_group(make_group, f"worker {self.worker_id}", scope)
 
     def start(self):
         """Joins the group (bounded)."""

@@ -24,7 +24,7 @@ class HybridCommunicator(GroupSteps, AsyncCommunicator):
 
     def __init__(self, plan, worker_id, scope, flags, connect, liveness=None, make_group=None):
         super().__init__(plan, worker_id, scope, flags, connect, liveness=liveness)
-        self._init_group(make_group, self.who)
+        self._init_group(make_group, self.who, scope)
 
     def start(self):
         """Connects to the servers, then joins the worker group (both bounded)."""

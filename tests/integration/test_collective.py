@@ -121,3 +121,21 @@ def test_a_killed_worker_is_named_by_the_others(procs, tmp_path, free_ports):
     for code, _, stderr, _ in (results[0], results[2]):
         assert code != 0
         assert "PeerLostError: rank 1 (127.0.0.1:" in stderr, stderr[-2000:]
+
+
+def test_fleetrun_collective_starts_workers_only(procs, tmp_path):
+    args = ["--opt", "adam", "--workers", "2", "--batch", str(BATCH), "--steps", "3"]
+    local = _local(procs, tmp_path, *args)
+    proc = procs.start([sys.executable, "-m", "fleet.launch", "--collective", "--worker_num", "2", "--log_dir",
+                        str(tmp_path / "log"), SCRIPT, "--out", str(tmp_path / "run{rank}.npz"), *args],
+                       env=_env(), cwd=str(tmp_path), **_PIPES)
+    stdout, stderr = procs.communicate(proc, 120)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "done" in stdout  # worker 0's output streams to fleetrun's
+    assert not (tmp_path / "log" / "serverlog.0").exists()
+    got = dict(np.load(tmp_path / "run1.npz"))
+    for name in PARAMS:
+        np.testing.assert_allclose(got[name], local[name], rtol=2e-5, atol=2e-6, err_msg=name)
+    worker1 = (tmp_path / "log" / "workerlog.1").read_text()
+    assert "worker 1 of 2 joined the group of 2 workers (collective)" in worker1
+    assert "worker 1 of 2: the 5 all-reduced parameters are identical on every worker (CRC32 " in worker1

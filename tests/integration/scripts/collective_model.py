@@ -99,7 +99,7 @@ def main():
         summary = exe.train_from_dataset(fleet.main_program, ds, thread=args.threads, print_period=0)
         print(f"examples {summary['examples']}", flush=True)
     scope = fleet.global_scope()
-    np.savez(args.out, **{k: np.asarray(v) for k, v in scope.vars.items() if isinstance(v, np.ndarray)})
+    np.savez(args.out.format(rank=me), **{k: np.asarray(v) for k, v in scope.vars.items() if isinstance(v, np.ndarray)})
     if fleet.is_first_worker():
         fleet.save_persistables(exe, args.out + ".saved")
     fleet.stop_worker()
