@@ -199,7 +199,7 @@ class WorkerRuntime:
         make_group = None
         if plan.mode == "hybrid":  # dense parameters stay here, all-reduced among the workers
             make_group = _group_maker(fleet, "HybridStrategy")
-            self.local_params = [n for _, n, _, _ in local_updates(self.program)[1] if n not in plan.params]
+            self.local_params = [n for n, _, _, _ in local_updates(self.program)[1] if n not in plan.params]
             insert_collective_ops(self.program, self.startup, self.local_params)
         self.comm = make_communicator(
             strategy.mode, plan, worker_id, global_scope(), flags,

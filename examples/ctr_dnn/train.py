@@ -2,6 +2,8 @@
 
 Locally:      python train.py --data_dir data
 Distributed:  fleetrun --server_num 1 --worker_num 2 train.py --data_dir data --strategy async
+Collective:   fleetrun --collective --worker_num 2 train.py --data_dir data --strategy collective
+Hybrid:       fleetrun --server_num 1 --worker_num 2 train.py --data_dir data --strategy hybrid
 With mpirun:  mpirun -np 4 python train.py --role_maker mpi --data_dir data --strategy sync
               (even ranks servers, odd ranks workers; needs pip install fleet[mpi])
 
