@@ -404,13 +404,14 @@ def check_strategy(strategy, mode_name):
 
     Raises:
         TypeError: "In <mode_name> mode, strategy must be an instance of
-            DistributeTranspilerConfig, SyncStrategy, HalfAsyncStrategy, AsyncStrategy,
-            GeoStrategy, CollectiveStrategy or HybridStrategy" (then the type seen).
+            DistributeTranspilerConfig, SyncStrategy, HalfAsyncStrategy, AsyncStrategy, or
+            GeoStrategy" (Paddle's), then that CollectiveStrategy and HybridStrategy are taken
+            too, and the type seen.
     """
     if not isinstance(strategy, _accepted()):
         raise TypeError(
             f"In {mode_name} mode, strategy must be an instance of DistributeTranspilerConfig, "
-            "SyncStrategy, HalfAsyncStrategy, AsyncStrategy, GeoStrategy, CollectiveStrategy or "
-            f"HybridStrategy (got {type(strategy).__name__})"
+            "SyncStrategy, HalfAsyncStrategy, AsyncStrategy, or GeoStrategy (fleet also takes "
+            f"CollectiveStrategy and HybridStrategy; got {type(strategy).__name__})"
         )
     return strategy
