@@ -3,7 +3,9 @@ process with batch N*b over the same examples (SGD and Adam, a sparse embedding 
 exe.run loops and train_from_dataset with 2 threads), every worker's parameters
 bit-identical; unequal shards end every worker at the shortest one; a killed worker is
 named by the others."""
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -139,3 +141,33 @@ def test_fleetrun_collective_starts_workers_only(procs, tmp_path):
     worker1 = (tmp_path / "log" / "workerlog.1").read_text()
     assert "worker 1 of 2 joined the group of 2 workers (collective)" in worker1
     assert "worker 1 of 2: the 5 all-reduced parameters are identical on every worker (CRC32 " in worker1
+
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "ctr_dnn")
+
+
+def _ctr(procs, tmp_path, *args):
+    proc = procs.start([sys.executable, *args], cwd=EXAMPLE, env=_env(), **_PIPES)
+    stdout, stderr = procs.communicate(proc, 300)
+    assert proc.returncode == 0, stderr[-3000:] + stdout[-2000:]
+    return stdout
+
+
+def test_hybrid_ctr_dnn_keeps_dense_identical_and_auc_close_to_sync(procs, tmp_path):
+    data = tmp_path / "data"
+    _ctr(procs, tmp_path, "generate_data.py", "--out_dir", str(data), "--train_lines", "40000",
+         "--test_lines", "10000")
+    auc = {}
+    for strategy in ("sync", "hybrid"):
+        model = tmp_path / strategy
+        _ctr(procs, tmp_path, "-m", "fleet.launch", "--server_num", "1", "--worker_num", "2", "--log_dir",
+             str(model / "log"), "train.py", "--data_dir", str(data), "--model_dir", str(model), "--strategy",
+             strategy, "--print_period", "0")
+        out = _ctr(procs, tmp_path, "infer.py", "--model_dir", str(model / "epoch_0"), "--data_dir", str(data))
+        auc[strategy] = json.loads(out.strip().splitlines()[-1])["auc"]
+    logs = [(tmp_path / "hybrid" / "log" / f"workerlog.{i}").read_text() for i in (0, 1)]
+    checks = [re.search(r"worker \d of 2: the (\d+) all-reduced parameters are identical on every worker "
+                        r"\(CRC32 ([0-9a-f]{8})\)", log) for log in logs]
+    assert all(checks), logs[0][-2000:]
+    assert checks[0].groups() == checks[1].groups() and int(checks[0][1]) >= 6  # the fc layers' w and b
+    assert auc["sync"] > 0.7 and abs(auc["hybrid"] - auc["sync"]) < 0.02, auc
