@@ -225,7 +225,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         servers = []
     server_num = _count(args.server_num, servers, "--server_num", "--servers", default=2)
     worker_num = _count(args.worker_num, workers, "--worker_num", "--workers",
-                        default=2 if server_num else 1)
+                        default=2 if server_num or args.collective else 1)
     if server_num == 0 and not args.collective:
         if worker_num != 1 or workers:
             raise ConfigError(f"--worker_num {worker_num} with --server_num 0: without servers "
