@@ -32,3 +32,18 @@ def test_collective_refuses_servers_with_the_fix():
     with pytest.raises(ConfigError, match="--collective does not go with --hosts: start a collective job with "
                                           "the same `fleetrun --collective --workers"):
         hosts_config_from_args(build_parser().parse_args(["--hosts", "a,b", "--collective", "train.py"]))
+
+
+def test_the_collective_environment_needs_the_collective_role_maker(monkeypatch):
+    from role_makers import PaddleCloudRoleMaker
+    from fleet.errors import RoleError
+
+    config = _config("--collective", "--worker_num", "2", "--start_port", "7100")
+    for key, value in process_environment(config, "worker", 1, base={}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TRAINING_ROLE", raising=False)
+    rm = PaddleCloudRoleMaker(is_collective=True)
+    assert rm.worker_index() == 1 and rm.worker_num() == 2 and rm.get_pserver_endpoints() == []
+    with pytest.raises(RoleError, match="this is a collective job \\(fleetrun --collective\\); create the role "
+                                        "maker with PaddleCloudRoleMaker\\(is_collective=True\\)"):
+        PaddleCloudRoleMaker().generate_role()
