@@ -9,7 +9,8 @@ Per mode:
 - sync: ``sync_push`` carries a worker's step gradients; when every live worker has sent
   its step, the server averages (sum / contributors), applies the optimizer once, and
   answers each worker with the fresh values of its dense blocks.
-- async / half-async: ``push`` applies gradients on arrival (DC-ASGD optional).
+- async / half-async: ``push`` applies gradients on arrival (DC-ASGD optional). A hybrid
+  job's servers hold only its tables and behave as async ones.
 - GEO: ``geo_push`` adds deltas and answers with the dense blocks and the sparse rows
   changed since this worker's last GEO exchange.
 
