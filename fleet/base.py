@@ -4,7 +4,9 @@ One ``Fleet`` per process: ``init`` decides the role, ``distributed_optimizer(..
 builds this role's programs, and the lifecycle calls (``init_worker``, ``run_server``,
 ``stop_worker``...) start and stop the runtime. With no servers (``LocalRoleMaker``, or
 ``PaddleCloudRoleMaker`` without ``TRAINING_ROLE``) the same script trains locally: the
-programs are the defaults and the lifecycle calls have nothing to connect.
+programs are the defaults and the lifecycle calls have nothing to connect. A collective
+role maker (workers only) with ``CollectiveStrategy`` trains collectively: the workers
+all-reduce their gradients (``fleet.runtime.CollectiveRuntime``).
 
 Thread-safety: the lifecycle calls are meant for the main thread; the role getters are
 safe anywhere.
@@ -34,7 +36,7 @@ SAVE_UNTRAINED_ENV = "FLEET_SAVE_UNTRAINED"
 
 
 class Fleet:
-    """Parameter-server training for one process (worker, server, or local)."""
+    """Training for one process (worker, server, collective worker, or local)."""
 
     def __init__(self):
         self._role_maker = None
