@@ -11,6 +11,7 @@ safe anywhere.
 """
 import logging
 import os
+import threading
 import uuid
 
 import numpy as np
@@ -46,6 +47,8 @@ class Fleet:
         self.startup_program = None
         self._runtime = None
         self._executor = None
+        self._group = None  # the workers' WorkerGroup of fleet.metrics (made on first use)
+        self._group_lock = threading.Lock()
 
     # ------------------------------------------------------------- roles
     def init(self, role_maker=None):
@@ -66,6 +69,7 @@ class Fleet:
             raise TypeError("role_maker must be an instance of RoleMakerBase")
         install_default_handler()  # fleet's INFO messages reach stderr unless logging is configured
         role_maker.generate_role()
+        self._close_group()  # a previous job's metric group
         self._role_maker = role_maker
         self._is_initialized = True
         self._executor = Executor()
@@ -143,6 +147,56 @@ class Fleet:
         if not self.is_local() and self.worker_num() > 1:
             raise ConfigError("barrier_worker needs the workers connected: call fleet.init_worker() first")
         return None
+
+    def _metric_group(self, what):
+        """The group a global metric reduces over, or None when this process is the job's
+        only worker (local training, fleet not initialized, a job of one worker).
+
+        A runtime that has a worker group of its own (collective training, hybrid) lends
+        it; otherwise the workers of a parameter-server job form one from the role maker's
+        worker endpoints on first use (a bounded wait for every worker), kept until
+        ``stop_worker()``.
+
+        Args:
+            what: the caller, for errors (e.g. "fleet.metrics.auc").
+
+        Raises:
+            ConfigError: this process is a server, or the worker endpoints are unknown.
+        """
+        if not self._is_initialized:
+            return None
+        if self.is_server():
+            raise ConfigError(
+                f"{what} is for workers: this process is server {self.server_index()}, and servers hold no "
+                f"metrics and do not join the workers' group; call it in the worker branch of the script "
+                f"(if fleet.is_worker(): ...), on every worker")
+        lent = self._runtime_group()
+        if lent is not None:
+            return lent
+        if self.is_local() or self.worker_num() == 1:
+            return None
+        with self._group_lock:
+            if self._group is None:
+                from fleet.transport.group import group_from_env
+
+                log.info("%s: worker %d of %d joins the workers' group for global metrics (every worker "
+                         "must call the same fleet.metrics functions in the same order)", what,
+                         self.worker_index(), self.worker_num())
+                self._group = group_from_env(self._role_maker)
+            return self._group
+
+    def _runtime_group(self):
+        """The worker group the runtime trains with (collective, hybrid), or None."""
+        group = getattr(self._runtime, "worker_group", None)
+        if callable(group):
+            group = group()
+        return group
+
+    def _close_group(self):
+        with self._group_lock:
+            group, self._group = self._group, None
+        if group is not None:
+            group.close()
 
     def _all_to_all(self, blobs):
         """Exchanges byte strings between workers (used by InMemoryDataset.global_shuffle)."""
@@ -223,9 +277,13 @@ class Fleet:
             self._runtime.init_worker()
 
     def stop_worker(self):
-        """Flushes pending updates and tells the servers this worker is done."""
-        if self._runtime is not None and self.is_worker():
-            self._runtime.stop_worker()
+        """Flushes pending updates and tells the servers this worker is done; closes the
+        workers' group of ``fleet.metrics``, if one was made."""
+        try:
+            if self._runtime is not None and self.is_worker():
+                self._runtime.stop_worker()
+        finally:
+            self._close_group()
         if self._executor is not None:
             self._executor.close()
 
