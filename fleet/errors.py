@@ -63,3 +63,22 @@ class ServerError(FleetError, RuntimeError):
 
     def __reduce__(self):
         return (type(self), (self.endpoint, self.message))
+
+
+class PeerLostError(FleetTimeoutError):
+    """A worker of a worker group (``fleet.transport.group``) died or became unreachable.
+
+    Args:
+        rank: the rank of the worker that was lost.
+        endpoint: its "host:port".
+        message: the whole description (names the rank, the endpoint, how it was noticed
+            and the setting that bounds it).
+    """
+
+    def __init__(self, rank, endpoint, message):
+        self.rank = rank
+        self.endpoint = endpoint
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.rank, self.endpoint, self.args[0]))

@@ -1,0 +1,1008 @@
+"""The worker group: collective operations among the workers of a job, over ZeroMQ.
+
+``WorkerGroup(endpoints, rank)`` joins the workers listed in ``endpoints`` (every worker's
+"host:port", in PADDLE_TRAINER_ENDPOINTS order); this process is ``endpoints[rank]``. It
+offers ``barrier``, ``all_reduce`` (sum, mean, max, min), ``all_gather`` (ragged first
+dimension allowed), ``broadcast`` and ``all_gather_object``. Every rank must call the
+same operations in the same order (a mismatch of kind, op, dtype or shape is detected
+and named by every rank).
+
+Sockets: each rank binds one ROUTER at its endpoint and connects one DEALER to every
+other rank's ROUTER, so rank ``a`` sends to rank ``b`` on its own DEALER and receives
+everything on its ROUTER; ZeroMQ keeps the order of the messages from one rank. Each
+group owns a ZeroMQ context, terminated by ``close()``.
+
+Wire: fleet's message format (``fleet.transport.message``): op "group", ``seq`` = the
+operation's sequence number (1, 2, ... on every rank; 0 for joining), ``worker`` = the
+sender's rank, header fields ``k`` (kind), ``s`` (step), ``c`` (chunk) and, on the first
+message of an operation from each rank, ``d`` (its descriptor: kind, op, dtype, shape,
+algorithm). Arrays are sent without a copy (numpy buffers handed to ZeroMQ, tracked so no
+call returns while ZeroMQ still reads memory the caller owns) and received as views of
+the frames. A message of an operation that already ended (a late or duplicate frame) is
+dropped and counted; one of a later operation waits in an inbox for it.
+
+Algorithms: arrays of ``ring_min_bytes`` (RING_MIN_BYTES, 64 KiB) or more go round a
+ring: reduce-scatter then all-gather, every segment cut into chunks of ``chunk_bytes``
+(CHUNK_BYTES, 1 MiB) and each chunk sent on as soon as it is reduced, so the transfer of
+one chunk overlaps the reduction of the next (bandwidth-optimal: each rank sends and
+receives 2(N-1)/N of the array). Smaller arrays go by a direct exchange (every rank sends
+its array to every other: one network latency). ``benchmarks/bench_collective.py``
+measures the crossover. Results are bit-identical on every rank: in the direct exchange
+every rank sums in rank order; in the ring each chunk's final value is computed once, on
+one rank, and then copied to the others.
+
+CURVE: with keys (``CurveConfig``), each ROUTER is a CURVE server and each DEALER a CURVE
+client, both with the job's *client* key pair (the one every worker holds); the ROUTER
+accepts only the authorized client public keys. A process without the keys never
+completes a handshake: the others time out naming it.
+
+Liveness: every socket sends ZeroMQ heartbeats (ZMQ_HEARTBEAT_IVL = FLEET_HEARTBEAT_MS,
+ZMQ_HEARTBEAT_TIMEOUT = FLEET_HEARTBEAT_TIMEOUT_MS), answered by ZeroMQ's I/O thread,
+so a rank busy computing still counts as alive. A rank whose connection drops (its
+process died: at once; it hangs or the network is cut: after the heartbeat timeout)
+without having said goodbye (``close()``) is lost: every operation then raises
+``PeerLostError`` naming it, also one already waiting.
+
+Threading: one operation at a time; calls from several threads are serialized by a lock.
+"""
+import collections
+import io
+import logging
+import math
+import os
+import pickle
+import threading
+import time
+
+import numpy as np
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
+
+from fleet import endpoints as endpoint_rules
+from fleet.envvars import parse_int
+from fleet.errors import ConfigError, FleetTimeoutError, PeerLostError, TransportError
+from fleet.logs import WaitLog, wait_log_ms
+from fleet.transport import message, settings
+from fleet.transport.curve import KEYS_DIR_ENV, CurveConfig, check_curve_available
+
+log = logging.getLogger("fleet.transport")
+
+RING_MIN_BYTES = 64 * 1024
+"""Arrays of at least this many bytes go round the ring; smaller ones by direct exchange."""
+CHUNK_BYTES = 1 << 20
+"""Largest piece of a ring segment sent in one message (the unit of pipelining)."""
+REDUCE_OPS = ("sum", "mean", "max", "min")
+REDUCE_DTYPES = ("float32", "float64", "int32", "int64")
+ENDPOINTS_ENV = "PADDLE_TRAINER_ENDPOINTS"
+RANK_ENV = "PADDLE_TRAINER_ID"
+
+_WIRE_OP = "group"
+_POLL_MS = 100  # longest a wait sleeps before it checks liveness again
+_DRAIN = 256  # messages read per wake-up
+_DOWN_GRACE_MS = 1000  # a dropped connection counts as lost once no goodbye came for this long
+_UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
+_MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+class WorkerGroup:
+    """The workers of a job as one group; this process is ``endpoints[rank]``.
+
+    Construction binds this rank's endpoint, connects to every other rank and waits until
+    every rank has joined (bounded by FLEET_CONNECT_TIMEOUT_MS; a wait of more than
+    FLEET_WAIT_LOG_MS is logged naming the ranks still missing).
+
+    Args:
+        endpoints: every worker's "host:port", the same list in the same order on every
+            rank. This rank binds ``endpoints[rank]`` (FLEET_BIND_HOST binds that address
+            instead of the host, keeping the port).
+        rank: this worker's index in ``endpoints``.
+        curve: a ``CurveConfig`` (its client key pair is used; see the module docstring) or
+            None (CURVE off; ``CurveConfig.from_env()`` reads the job's keys).
+        timeout_ms: default time an operation may take (FLEET_RPC_TIMEOUT_MS, 60000).
+
+    Attributes:
+        rank, size, endpoints: this rank, the number of ranks, every rank's endpoint.
+        ring_min_bytes, chunk_bytes: the algorithm settings (RING_MIN_BYTES, CHUNK_BYTES);
+            every rank must use the same values.
+
+    Raises:
+        ConfigError: a bad endpoint list, rank, timeout or CURVE configuration, or ranks
+            that were given different endpoint lists.
+        TransportError: this rank's endpoint cannot be bound.
+        FleetTimeoutError: some ranks did not join in time (names them and their endpoints).
+    """
+
+    def __init__(self, endpoints, rank, curve=None, timeout_ms=None):
+        self.endpoints = _check_endpoints(endpoints)
+        self.size = len(self.endpoints)
+        self.rank = _check_rank(rank, self.size)
+        self.timeout_ms = _check_timeout(timeout_ms, "timeout_ms") if timeout_ms is not None \
+            else settings.rpc_timeout_ms()
+        if curve is not None and not isinstance(curve, CurveConfig):
+            raise ConfigError(f"curve={curve!r} is not a fleet.transport.curve.CurveConfig; pass "
+                              f"CurveConfig.from_env() or None")
+        self.curve = curve
+        self.ring_min_bytes = RING_MIN_BYTES
+        self.chunk_bytes = CHUNK_BYTES
+        self._heartbeat_ms, self._heartbeat_timeout_ms = settings.heartbeat_settings()
+        self._max_bytes = settings.max_message_bytes()
+        self._lock = threading.RLock()
+        self._seq = 0
+        self._inbox = {}  # (seq, rank) -> deque of Messages not yet taken
+        self._hello = {}  # rank -> its join descriptor
+        self._bye = set()  # ranks that closed the group
+        self._down = {}  # rank -> time.monotonic() its connection dropped (no goodbye seen then)
+        self._auth_failed = {}  # rank -> the handshake failure seen connecting to it
+        self._lost = None  # the PeerLostError once a rank is lost: every later call raises it
+        self._closed = False
+        self._in_operation = False
+        self._counters = collections.Counter()
+        self._ctx = None
+        self._auth = None
+        self._router = None
+        self._dealers = {}
+        self._monitors = {}
+        self._poller = None
+        if self.size > 1:
+            try:
+                self._open()
+                self._join(settings.connect_timeout_ms())
+            except BaseException:
+                self._teardown()
+                raise
+
+    @property
+    def peers(self):
+        """The other ranks, in rank order."""
+        return [p for p in range(self.size) if p != self.rank]
+
+    # ------------------------------------------------------------------ operations
+
+    def barrier(self, timeout_ms=None):
+        """Returns once every rank has called ``barrier``. Blocks up to the timeout.
+
+        Raises:
+            FleetTimeoutError: ranks did not arrive in time (names them).
+            PeerLostError: a rank was lost. ConfigError: a rank called another operation.
+        """
+        with self._operation("barrier", timeout_ms) as op:
+            if self.size == 1:
+                return
+            desc = {"kind": "barrier"}
+            for p in self.peers:
+                self._send(p, op.seq, "barrier", desc=desc)
+            first = self._first_messages(op)
+            self._check_descs(op, desc, first, ("kind",))
+
+    def all_reduce(self, array, op="sum", timeout_ms=None):
+        """Returns the element-wise reduction of every rank's ``array``. Blocks up to the timeout.
+
+        Args:
+            array: a numpy array (float32, float64, int32 or int64); the same shape and
+                dtype on every rank. Not modified; it may be changed again once this returns.
+            op: "sum", "mean" (the sum divided by the number of ranks; float dtypes only),
+                "max" or "min"; the same on every rank.
+            timeout_ms: limit for this call (default: the group's).
+
+        Returns:
+            a new array of ``array``'s shape and dtype, bit-identical on every rank.
+
+        Raises:
+            ConfigError: a bad op or dtype, or ranks passed different ops, shapes or dtypes
+                (every rank names every rank's arguments).
+            FleetTimeoutError, PeerLostError: as ``barrier``.
+        """
+        if op not in REDUCE_OPS:
+            raise ConfigError(f"all_reduce op={op!r} is not one of {', '.join(REDUCE_OPS)}")
+        flat, shape = _flat(array, "all_reduce", REDUCE_DTYPES)
+        if op == "mean" and flat.dtype.kind != "f":
+            raise ConfigError(f"all_reduce op='mean' of a {flat.dtype.name} array would lose the fraction; "
+                              f"reduce with op='sum' and divide, or pass a float array")
+        with self._operation("all_reduce", timeout_ms) as call:
+            if self.size == 1:
+                return flat.copy().reshape(shape)
+            ring = flat.nbytes >= self.ring_min_bytes
+            desc = {"kind": "all_reduce", "op": op, "dtype": flat.dtype.name, "shape": list(shape),
+                    "algo": "ring" if ring else "direct"}
+            if ring:
+                out = self._ring_all_reduce(call, flat, op, desc)
+            else:
+                out = self._direct_all_reduce(call, flat, op, desc)
+            return out.reshape(shape)
+
+    def all_gather(self, array, timeout_ms=None):
+        """Returns every rank's ``array``, in rank order. Blocks up to the timeout.
+
+        Args:
+            array: a numpy array (float32, float64, int32, int64 or uint8, at least one
+                dimension); the first dimension may differ between ranks, the dtype and
+                the other dimensions must not.
+            timeout_ms: limit for this call (default: the group's).
+
+        Returns:
+            a list of ``size`` arrays; entry ``rank`` is a copy of ``array``.
+
+        Raises:
+            ConfigError: a bad dtype, or ranks disagree on dtype or trailing dimensions.
+            FleetTimeoutError, PeerLostError: as ``barrier``.
+        """
+        flat, shape = _flat(array, "all_gather", tuple(message.DTYPES))
+        if not shape:
+            raise ConfigError("all_gather of a 0-d array: pass an array with at least one dimension, "
+                              "e.g. np.atleast_1d(x)")
+        with self._operation("all_gather", timeout_ms) as call:
+            return self._all_gather(call, flat, shape, "all_gather")
+
+    def broadcast(self, array, root=0, timeout_ms=None):
+        """Returns rank ``root``'s array on every rank. Blocks up to the timeout.
+
+        Args:
+            array: on the root, a numpy array (float32, float64, int32, int64 or uint8);
+                ignored elsewhere (pass None).
+            root: the rank whose array is sent; the same on every rank.
+            timeout_ms: limit for this call (default: the group's).
+
+        Returns:
+            a new array equal to the root's (shape and dtype included).
+
+        Raises:
+            ConfigError: a bad root or dtype, or ranks disagree on the root.
+            FleetTimeoutError, PeerLostError: as ``barrier``.
+        """
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise ConfigError(f"broadcast root={root!r} is not a rank of this group of {self.size}; pass an "
+                              f"int in [0, {self.size})")
+        root = int(root)
+        flat = shape = None
+        if self.rank == root:
+            if array is None:
+                raise ConfigError(f"broadcast: rank {root} is the root but passed None; the root passes the "
+                                  f"array to send")
+            flat, shape = _flat(array, "broadcast", tuple(message.DTYPES))
+        with self._operation("broadcast", timeout_ms) as call:
+            if self.size == 1:
+                return flat.copy().reshape(shape)
+            if self.rank == root:
+                return self._broadcast_root(call, flat, shape, root)
+            return self._broadcast_receive(call, root)
+
+    def all_gather_object(self, obj, timeout_ms=None):
+        """Returns every rank's ``obj``, in rank order. Blocks up to the timeout.
+
+        Args:
+            obj: a small object made of builtin types (None, bool, int, float, complex,
+                str, bytes, list, tuple, dict, set) and numpy arrays, dtypes and scalars.
+                It is pickled; the receivers unpickle only those types.
+            timeout_ms: limit for this call (default: the group's).
+
+        Returns:
+            a list of ``size`` objects (entry ``rank`` is a copy of ``obj``).
+
+        Raises:
+            ConfigError: ``obj`` cannot be pickled or holds another type.
+            FleetTimeoutError, PeerLostError: as ``barrier``.
+        """
+        try:
+            data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # pickle raises many types
+            raise ConfigError(f"all_gather_object: {type(obj).__name__} object cannot be pickled ({e}); pass "
+                              f"builtin types and numpy arrays") from e
+        try:
+            _loads(data)
+        except TransportError as e:
+            raise ConfigError(f"all_gather_object: {e}") from None
+        flat = np.frombuffer(data, dtype=np.uint8)
+        with self._operation("all_gather_object", timeout_ms) as call:
+            parts = self._all_gather(call, flat, flat.shape, "all_gather_object")
+            return [_loads(part.tobytes()) for part in parts]
+
+    def stats(self):
+        """Returns a dict of counters: operations, messages_sent, messages_received,
+        bytes_sent, bytes_received (array bytes), stale_messages, malformed_messages.
+        Thread-safe (a snapshot)."""
+        keys = ("operations", "messages_sent", "messages_received", "bytes_sent", "bytes_received",
+                "stale_messages", "malformed_messages")
+        snapshot = dict(self._counters)
+        return {k: snapshot.get(k, 0) for k in keys}
+
+    def close(self):
+        """Leaves the group. Idempotent.
+
+        Says goodbye to every rank and waits (up to the group's timeout, logged after
+        FLEET_WAIT_LOG_MS) until every rank that is still connected has said goodbye too,
+        so no rank closes before the others have what it sent them; then closes every
+        socket and the context. A rank that closes while another waits for it in an
+        operation makes that operation fail naming it.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._ctx is None:
+                return
+            try:
+                if self._lost is None and not self._ctx.closed:
+                    for p in self.peers:
+                        self._send(p, -1, "bye")
+                    self._wait_goodbyes()
+            except Exception as e:  # noqa: BLE001 - closing must always release the sockets
+                log.warning("fleet: rank %d of the worker group did not close cleanly: %s", self.rank, e)
+            finally:
+                self._teardown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closed else ("lost a rank" if self._lost else "open")
+        return f"WorkerGroup(rank={self.rank}, size={self.size}, {state})"
+
+    # ------------------------------------------------------------------ algorithms
+
+    def _direct_all_reduce(self, call, flat, op, desc):
+        tracks = [self._send(p, call.seq, "all_reduce", array=flat, desc=desc, track=True) for p in self.peers]
+        first = self._first_messages(call)
+        self._check_descs(call, desc, first, ("kind", "op", "dtype", "shape", "algo"))
+        ufunc = _UFUNCS[op]
+        parts = {p: msg.arrays[0] for p, msg in first.items()}
+        parts[self.rank] = flat
+        out = parts[0].copy()
+        for p in range(1, self.size):  # rank order, the same on every rank
+            ufunc(out, parts[p], out=out)
+        if op == "mean":
+            np.divide(out, self.size, out=out)
+        self._wait_sent(call, tracks)
+        return out
+
+    def _ring_all_reduce(self, call, flat, op, desc):
+        n, r = self.size, self.rank
+        left, right = (r - 1) % n, (r + 1) % n
+        regions = _ring_regions(flat.size, n, flat.itemsize, self.chunk_bytes)
+        chunks = len(regions[0])
+        for p in self.peers:
+            self._send(p, call.seq, "all_reduce", step=-1, desc=desc)
+        tracks = [self._send(right, call.seq, "all_reduce", step=0, chunk=c, array=flat[lo:hi], track=True)
+                  for c, (lo, hi) in enumerate(regions[r])]
+        first = self._first_messages(call)
+        self._check_descs(call, desc, first, ("kind", "op", "dtype", "shape", "algo"))
+        ufunc = _UFUNCS[op]
+        out = np.empty_like(flat)
+        sent_from_out = {}  # (segment, chunk) -> tracker of the send that reads out[region]
+        # Reduce-scatter: at step s this rank adds its part to segment (r - s - 1)'s running
+        # value, which started on rank (r - s - 1) and went round from there; the last step
+        # completes segment r + 1, which is sent on at once as the all-gather's first step.
+        for s in range(n - 1):
+            segment = (r - s - 1) % n
+            for c in range(chunks):
+                msg = self._take_step(call, left, s, c)
+                lo, hi = regions[segment][c]
+                dst = out[lo:hi]
+                ufunc(msg.arrays[0], flat[lo:hi], out=dst)
+                if s == n - 2 and op == "mean":
+                    np.divide(dst, n, out=dst)
+                sent_from_out[segment, c] = self._send(right, call.seq, "all_reduce", step=s + 1, chunk=c,
+                                                       array=dst, track=True)
+                del msg
+        # All-gather: at step n - 1 + t the final segment (r - t) arrives; it is passed on
+        # (the received frame itself, no copy) unless the right neighbour made it.
+        for t in range(n - 1):
+            segment = (r - t) % n
+            for c in range(chunks):
+                msg = self._take_step(call, left, n - 1 + t, c)
+                if t < n - 2:
+                    self._send(right, call.seq, "all_reduce", step=n + t, chunk=c, array=msg.arrays[0])
+                lo, hi = regions[segment][c]
+                earlier = sent_from_out.pop((segment, c), None)
+                if earlier is not None:
+                    self._wait_sent(call, [earlier])
+                out[lo:hi] = msg.arrays[0]
+                del msg
+        self._wait_sent(call, tracks + list(sent_from_out.values()))
+        return out
+
+    def _all_gather(self, call, flat, shape, kind):
+        if self.size == 1:
+            return [flat.copy().reshape(shape)]
+        n, r = self.size, self.rank
+        left, right = (r - 1) % n, (r + 1) % n
+        ring = flat.nbytes >= self.ring_min_bytes
+        desc = {"kind": kind, "dtype": flat.dtype.name, "shape": list(shape), "algo": "ring" if ring else "direct"}
+        tracks = [self._send(p, call.seq, kind, step=-1, array=None if ring else flat, desc=desc, track=not ring)
+                  for p in self.peers]
+        if ring:
+            tracks += [self._send(right, call.seq, kind, step=0, chunk=c, array=flat[lo:hi], track=True)
+                       for c, (lo, hi) in enumerate(_chunk_bounds(flat.size, flat.itemsize, self.chunk_bytes))]
+        first = self._first_messages(call)
+        descs = {p: msg.header["d"] for p, msg in first.items()}
+        descs[r] = desc
+        self._check_descs(call, desc, first, ("kind", "dtype", "trailing"),
+                          derived={"trailing": lambda d: (len(d["shape"]), d["shape"][1:])})
+        out = [None] * n
+        out[r] = flat.copy().reshape(shape)
+        for p, msg in first.items():
+            if descs[p]["algo"] == "direct":
+                out[p] = msg.arrays[0].reshape(descs[p]["shape"])
+        # Ring: at step t segment (r - 1 - t) arrives, chunk by chunk, and is passed on
+        # (unless the right neighbour sent it); direct segments came with the descriptors.
+        for t in range(n - 1):
+            segment = (r - 1 - t) % n
+            seg_desc = descs[segment]
+            if seg_desc["algo"] != "ring":
+                continue
+            dtype = message.DTYPES[seg_desc["dtype"]]
+            size = math.prod(seg_desc["shape"])
+            buf = np.empty(size, dtype=dtype)
+            for c, (lo, hi) in enumerate(_chunk_bounds(size, dtype.itemsize, self.chunk_bytes)):
+                msg = self._take_step(call, left, t, c)
+                if t < n - 2:
+                    self._send(right, call.seq, kind, step=t + 1, chunk=c, array=msg.arrays[0])
+                if msg.arrays[0].size != hi - lo:
+                    raise TransportError(f"{call.what}: rank {left} sent {msg.arrays[0].size} elements of rank "
+                                         f"{segment}'s chunk {c} where {hi - lo} were expected")
+                buf[lo:hi] = msg.arrays[0]
+                del msg
+            out[segment] = buf.reshape(seg_desc["shape"])
+        self._wait_sent(call, tracks)
+        return out
+
+    def _broadcast_root(self, call, flat, shape, root):
+        ring = flat.nbytes >= self.ring_min_bytes
+        bounds = _chunk_bounds(flat.size, flat.itemsize, self.chunk_bytes) if ring else [(0, flat.size)]
+        desc = {"kind": "broadcast", "root": root, "dtype": flat.dtype.name, "shape": list(shape),
+                "algo": "ring" if ring else "direct", "chunks": len(bounds)}
+        if ring:
+            right = (self.rank + 1) % self.size
+            tracks = [self._send(right, call.seq, "broadcast", chunk=c, array=flat[lo:hi],
+                                 desc=desc if c == 0 else None, track=True) for c, (lo, hi) in enumerate(bounds)]
+        else:
+            tracks = [self._send(p, call.seq, "broadcast", array=flat, desc=desc, track=True) for p in self.peers]
+        out = flat.copy().reshape(shape)
+        self._wait_sent(call, tracks)
+        return out
+
+    def _broadcast_receive(self, call, root):
+        r, n = self.rank, self.size
+        left, right = (r - 1) % n, (r + 1) % n
+        src, msg = self._take(call, {root, left})
+        desc = msg.header.get("d")
+        if not isinstance(desc, dict) or desc.get("kind") != "broadcast" or desc.get("root") != root:
+            raise ConfigError(f"{call.what}: the ranks do not agree: rank {src} did "
+                              f"{_describe(desc)} while rank {r} did broadcast(root={root}); every rank "
+                              f"must call the same operations in the same order (with the same root)")
+        dtype = message.DTYPES[desc["dtype"]]
+        size = math.prod(desc["shape"])
+        if desc["algo"] == "direct":
+            return msg.arrays[0].reshape(desc["shape"])
+        forward = right != root
+        buf = np.empty(size, dtype=dtype)
+        bounds = [(size * c // desc["chunks"], size * (c + 1) // desc["chunks"]) for c in range(desc["chunks"])]
+        for c, (lo, hi) in enumerate(bounds):
+            if c > 0:
+                msg = self._take_step(call, left, 0, c)
+            if forward:
+                self._send(right, call.seq, "broadcast", chunk=c, array=msg.arrays[0],
+                           desc=desc if c == 0 else None)
+            buf[lo:hi] = msg.arrays[0]
+            del msg
+        return buf.reshape(desc["shape"])
+
+    # ------------------------------------------------------------------ messages
+
+    def _operation(self, kind, timeout_ms):
+        return _Operation(self, kind, timeout_ms)
+
+    def _send(self, dst, seq, kind, step=0, chunk=0, array=None, desc=None, track=False):
+        meta = {"k": kind, "s": step, "c": chunk}
+        if desc is not None:
+            meta["d"] = desc
+        names, arrays = (("x",), (array,)) if array is not None else ((), ())
+        frames = message.encode(_WIRE_OP, seq, self.rank, names, arrays, meta, max_bytes=self._max_bytes)
+        self._counters["messages_sent"] += 1
+        if array is not None:
+            self._counters["bytes_sent"] += array.nbytes
+        # SNDHWM is 0: a send never blocks; zero-copy frames are tracked by the caller
+        return self._dealers[dst].send_multipart(frames, copy=False, track=track)
+
+    def _take(self, call, sources):
+        """Returns (rank, Message): the next message of operation ``call`` from any of
+        ``sources``, in the order each rank sent them. Waits up to the call's deadline."""
+        wait = None
+        while True:
+            for src in sources:
+                queue = self._inbox.get((call.seq, src))
+                if queue:
+                    msg = queue.popleft()
+                    if not queue:
+                        del self._inbox[call.seq, src]
+                    return src, msg
+            self._check_peers(call.what, sources)
+            now = time.monotonic()
+            remaining = call.deadline - now
+            if remaining <= 0:
+                raise FleetTimeoutError(self._timeout_text(call.what, sources, call.timeout_ms,
+                                                           f"{settings.RPC_TIMEOUT_MS_ENV} or timeout_ms="))
+            if wait is None and now - call.started >= call.log_after:
+                wait = WaitLog(f"{_ranks_text(sorted(sources), self.endpoints)} in {call.what}",
+                               limit=f"giving up after {call.timeout_ms} ms ({settings.RPC_TIMEOUT_MS_ENV} "
+                               f"or timeout_ms=)", logger=log, first_s=call.log_after, started=call.started)
+            if wait is not None:
+                wait.tick()
+            slice_ms = min(_POLL_MS, max(1, math.ceil(remaining * 1000)))
+            self._pump(slice_ms)
+
+    def _take_step(self, call, src, step, chunk):
+        _, msg = self._take(call, {src})
+        if msg.header.get("s") != step or msg.header.get("c") != chunk:
+            raise TransportError(f"{call.what}: rank {src} sent step {msg.header.get('s')} chunk "
+                                 f"{msg.header.get('c')} of {msg.header.get('k')!r} where step {step} chunk "
+                                 f"{chunk} was expected; the ranks run different fleet versions or settings "
+                                 f"(ring_min_bytes, chunk_bytes)")
+        return msg
+
+    def _first_messages(self, call):
+        waiting = set(self.peers)
+        first = {}
+        while waiting:
+            src, msg = self._take(call, waiting)
+            first[src] = msg
+            waiting.discard(src)
+        return first
+
+    def _check_descs(self, call, desc, first, keys, derived=None):
+        derived = derived or {}
+
+        def view(d):
+            if not isinstance(d, dict):
+                return None
+            try:
+                return tuple(derived[k](d) if k in derived else d.get(k) for k in keys)
+            except (KeyError, TypeError, IndexError):
+                return None
+
+        descs = {p: msg.header.get("d") for p, msg in first.items()}
+        descs[self.rank] = desc
+        mine = view(desc)
+        if all(view(d) == mine for d in descs.values()):
+            return
+        lines = "; ".join(f"rank {p}: {_describe(descs[p])}" for p in range(self.size))
+        raise ConfigError(f"{call.what}: the ranks do not agree ({lines}); every rank must call the same "
+                          f"operations in the same order with the same op, dtype and shape (all_gather: the "
+                          f"same dtype and dimensions after the first)")
+
+    def _wait_sent(self, call, trackers):
+        """Waits until ZeroMQ no longer reads the memory of the tracked sends."""
+        pending = [t for t in trackers if t is not None and not t.done]
+        while pending:
+            self._check_peers(call.what, ())
+            if time.monotonic() >= call.deadline:
+                right = (self.rank + 1) % self.size
+                raise FleetTimeoutError(self._timeout_text(f"{call.what} (sending)", {right}, call.timeout_ms,
+                                                           f"{settings.RPC_TIMEOUT_MS_ENV} or timeout_ms="))
+            self._pump(1)
+            pending = [t for t in pending if not t.done]
+
+    def _pump(self, timeout_ms):
+        """Waits up to ``timeout_ms`` for a message or a connection event and handles all
+        that arrived."""
+        ready = dict(self._poller.poll(timeout_ms))
+        if self._router in ready:
+            for _ in range(_DRAIN):
+                try:
+                    frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._accept(frames)
+        for peer, monitor in self._monitors.items():
+            if monitor in ready:
+                self._read_events(peer, monitor)
+
+    def _accept(self, frames):
+        try:
+            if len(frames) < 2:
+                raise TransportError("a message without a header")
+            msg = message.decode(frames[1:], self._max_bytes)
+            src, meta = msg.header["worker"], msg.header
+            if msg.header["op"] != _WIRE_OP or not 0 <= src < self.size or src == self.rank:
+                raise TransportError(f"op {msg.header['op']!r} from rank {src} is not a message of this group")
+            if frames[0].bytes != _identity(src):
+                raise TransportError(f"a message claiming to come from rank {src} came from another connection")
+            kind = meta.get("k")
+        except (TransportError, KeyError, TypeError) as e:
+            self._counters["malformed_messages"] += 1
+            log.warning("fleet: rank %d of the worker group dropped a malformed message: %s", self.rank, e)
+            return
+        self._counters["messages_received"] += 1
+        self._counters["bytes_received"] += sum(a.nbytes for a in msg.arrays)
+        if kind == "hello":
+            self._hello[src] = meta.get("d")
+        elif kind == "bye":
+            self._bye.add(src)
+        elif msg.seq < self._seq or (msg.seq == self._seq and not self._in_operation):
+            self._counters["stale_messages"] += 1
+            log.debug("fleet: rank %d dropped a late message of operation %d from rank %d", self.rank, msg.seq, src)
+        else:
+            self._inbox.setdefault((msg.seq, src), collections.deque()).append(msg)
+
+    def _read_events(self, peer, monitor):
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_DISCONNECTED:
+                if peer in self._hello and peer not in self._bye:
+                    self._down.setdefault(peer, time.monotonic())
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._auth_failed.pop(peer, None)
+            else:
+                self._auth_failed[peer] = {
+                    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "it refused this rank's CURVE key",
+                    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the handshake failed (CURVE on one side only?)",
+                }.get(kind, "the handshake failed (CURVE keys that do not match, or CURVE on one side only?)")
+
+    def _check_peers(self, what, waiting_for):
+        if self._lost is not None:
+            raise self._fresh_lost()
+        now = time.monotonic()
+        grace = min(_DOWN_GRACE_MS, self._heartbeat_ms) / 1000.0
+        for peer, since in sorted(self._down.items()):
+            if peer in self._bye:
+                continue
+            if now - since >= grace:
+                self._lost = PeerLostError(peer, self.endpoints[peer], (
+                    f"rank {peer} ({self.endpoints[peer]}) of the worker group is lost: its connection to rank "
+                    f"{self.rank} dropped during {what} without a goodbye; it died, was killed, hangs or is "
+                    f"unreachable (ZeroMQ heartbeats every {self._heartbeat_ms} ms drop a silent connection after "
+                    f"{settings.HEARTBEAT_TIMEOUT_MS_ENV}={self._heartbeat_timeout_ms}). Check that worker's log; "
+                    f"the group cannot go on without it: restart the job (from its last checkpoint)"))
+                log.error("fleet: rank %d: %s", self.rank, self._lost)
+                raise self._fresh_lost()
+        for peer in sorted(waiting_for):
+            if peer in self._bye:
+                raise TransportError(
+                    f"rank {peer} ({self.endpoints[peer]}) closed the worker group while rank {self.rank} waits "
+                    f"for it in {what}: the ranks did not call the same operations (e.g. one ran out of data "
+                    f"first); make every rank call the same operations, or stop every rank at the same step")
+
+    def _fresh_lost(self):
+        cls, args = self._lost.__reduce__()[:2]
+        return cls(*args)
+
+    def _timeout_text(self, what, ranks, timeout_ms, setting):
+        ranks = sorted(ranks)
+        text = (f"{_ranks_text(ranks, self.endpoints)} did not answer rank {self.rank} in {what} within "
+                f"{timeout_ms} ms; {'it is' if len(ranks) == 1 else 'they are'} not started, stuck, slower than "
+                f"that or unreachable (raise the limit with {setting} if only slow)")
+        refused = {p: self._auth_failed[p] for p in ranks if p in self._auth_failed}
+        if refused:
+            text += "; " + "; ".join(f"connecting to rank {p}: {why}" for p, why in sorted(refused.items()))
+        if self.curve is None:
+            text += (f". If the job uses CURVE ({KEYS_DIR_ENV} or FLEET_CURVE_* variables), this process needs the "
+                     f"same keys")
+        else:
+            text += ". This rank uses CURVE: every worker needs the job's client key pair"
+        return text
+
+    # ------------------------------------------------------------------ sockets
+
+    def _open(self):
+        self._ctx = zmq.Context()
+        host, port = endpoint_rules.parse_endpoint(self.endpoints[self.rank], "endpoint", ConfigError)
+        if self.curve is not None:
+            check_curve_available()
+            if self.curve.client_public is None or self.curve.client_secret is None:
+                raise ConfigError(
+                    f"CURVE is on ({self.curve.source}) but the client key pair is missing; the worker group "
+                    f"authenticates workers with it: set FLEET_CURVE_CLIENT_PUBLIC and FLEET_CURVE_CLIENT_SECRET, "
+                    f"or put client.key_secret in {KEYS_DIR_ENV}")
+            self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("fleet.transport.zap"))
+            self._auth.start()
+            self._auth.configure_curve_callback("fleet-group", _Keys(self.curve.authorized_clients))
+        router = self._ctx.socket(zmq.ROUTER)
+        self._router = router
+        self._configure(router)
+        router.rcvhwm = 0
+        if self.curve is not None:
+            router.curve_server = True
+            router.curve_publickey = self.curve.client_public
+            router.curve_secretkey = self.curve.client_secret
+            router.zap_domain = b"fleet-group"
+        bind = settings.bind_host() or host
+        router.ipv6 = ":" in bind
+        try:
+            router.bind(f"tcp://{endpoint_rules.join_endpoint(bind, port)}")
+        except zmq.ZMQError as e:
+            raise TransportError(
+                f"rank {self.rank} of the worker group cannot bind {endpoint_rules.join_endpoint(bind, port)} "
+                f"(its entry of {ENDPOINTS_ENV}): {e.strerror}. Free that port (`ss -ltnp | grep :{port}` shows "
+                f"who holds it), give this worker another endpoint, or set {settings.BIND_HOST_ENV}") from e
+        self._poller = zmq.Poller()
+        self._poller.register(router, zmq.POLLIN)
+        for peer in self.peers:
+            dealer = self._ctx.socket(zmq.DEALER)
+            self._dealers[peer] = dealer
+            self._configure(dealer)
+            dealer.sndhwm = 0
+            dealer.routing_id = _identity(self.rank)
+            if self.curve is not None:
+                dealer.curve_serverkey = self.curve.client_public
+                dealer.curve_publickey = self.curve.client_public
+                dealer.curve_secretkey = self.curve.client_secret
+            monitor = dealer.get_monitor_socket(_MONITOR_EVENTS)
+            self._monitors[peer] = monitor
+            self._poller.register(monitor, zmq.POLLIN)
+            dealer.ipv6 = self.endpoints[peer].startswith("[")
+            dealer.connect(f"tcp://{self.endpoints[peer]}")
+
+    def _configure(self, sock):
+        sock.linger = 0
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_bytes + message.MAX_HEADER_BYTES)
+        sock.heartbeat_ivl = self._heartbeat_ms
+        sock.heartbeat_timeout = self._heartbeat_timeout_ms
+        sock.heartbeat_ttl = min(self._heartbeat_timeout_ms, 6_553_500)
+
+    def _join(self, timeout_ms):
+        desc = {"size": self.size, "endpoints": self.endpoints}
+        for peer in self.peers:
+            self._send(peer, 0, "hello", desc=desc)
+        started = time.monotonic()
+        deadline = started + timeout_ms / 1000.0
+        wait = WaitLog(f"the worker group's other ranks to join rank {self.rank}",
+                       limit=f"giving up after {timeout_ms / 1000:g} s ({settings.CONNECT_TIMEOUT_MS_ENV})", logger=log)
+        while True:
+            missing = [p for p in self.peers if p not in self._hello]
+            if not missing:
+                break
+            wait.tick(f"{self.size - 1 - len(missing)} of {self.size - 1} joined; not yet "
+                      f"{_ranks_text(missing, self.endpoints)}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FleetTimeoutError(self._timeout_text("joining the worker group", missing, timeout_ms,
+                                                           settings.CONNECT_TIMEOUT_MS_ENV))
+            self._pump(min(_POLL_MS, max(1, math.ceil(remaining * 1000))))
+        for peer in self.peers:
+            theirs = self._hello[peer]
+            if theirs != desc:
+                raise ConfigError(
+                    f"rank {peer} of the worker group was started with other endpoints than rank {self.rank}: "
+                    f"it has {theirs.get('endpoints') if isinstance(theirs, dict) else theirs!r}, this rank has "
+                    f"{self.endpoints}; give every worker the same {ENDPOINTS_ENV}")
+
+    def _wait_goodbyes(self):
+        started = time.monotonic()
+        deadline = started + self.timeout_ms / 1000.0
+        grace = min(_DOWN_GRACE_MS, self._heartbeat_ms) / 1000.0
+        wait = WaitLog(f"the worker group's other ranks to close (rank {self.rank} closed)",
+                       limit=f"closing anyway after {self.timeout_ms} ms ({settings.RPC_TIMEOUT_MS_ENV})", logger=log)
+        while True:
+            now = time.monotonic()
+            missing = [p for p in self.peers if p not in self._bye
+                       and not (p in self._down and now - self._down[p] >= grace)]
+            if not missing:
+                return
+            if now >= deadline:
+                log.warning("fleet: rank %d closed the worker group without goodbyes from %s within %d ms",
+                            self.rank, _ranks_text(missing, self.endpoints), self.timeout_ms)
+                return
+            wait.tick(f"not yet {_ranks_text(missing, self.endpoints)}")
+            self._pump(min(_POLL_MS, max(1, math.ceil((deadline - now) * 1000))))
+
+    def _teardown(self):
+        for peer, dealer in self._dealers.items():
+            if peer in self._monitors:
+                try:
+                    dealer.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+        for sock in [*self._monitors.values(), *self._dealers.values(), self._router]:
+            if sock is not None:
+                sock.close(linger=0)
+        self._monitors, self._dealers, self._router = {}, {}, None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        self._inbox.clear()
+
+
+class _Operation:
+    """The state of one collective call: its sequence number, deadline and name."""
+
+    def __init__(self, group, kind, timeout_ms):
+        self.group = group
+        self.kind = kind
+        self.timeout_ms = _check_timeout(timeout_ms, "timeout_ms") if timeout_ms is not None else group.timeout_ms
+
+    def __enter__(self):
+        group = self.group
+        group._lock.acquire()
+        try:
+            if group._closed:
+                raise TransportError(f"{self.kind} on rank {group.rank}: the worker group is closed")
+            if group._lost is not None:
+                raise group._fresh_lost()
+            if group.size > 1:
+                group._check_peers(self.kind, ())
+        except BaseException:
+            group._lock.release()
+            raise
+        group._seq += 1
+        group._in_operation = True
+        group._counters["operations"] += 1
+        self.seq = group._seq
+        for key in [k for k in group._inbox if k[0] < self.seq]:
+            del group._inbox[key]
+        self.what = f"{self.kind} #{self.seq} (rank {group.rank} of {group.size})"
+        self.started = time.monotonic()
+        self.deadline = self.started + self.timeout_ms / 1000.0
+        self.log_after = wait_log_ms() / 1000.0 or math.inf
+        return self
+
+    def __exit__(self, *exc):
+        group = self.group
+        group._in_operation = False
+        for key in [k for k in group._inbox if k[0] <= self.seq]:
+            del group._inbox[key]
+        group._lock.release()
+
+
+def group_from_env(role_maker=None, timeout_ms=None):
+    """Returns the WorkerGroup of this worker, from a role maker or Paddle's variables.
+
+    Args:
+        role_maker: a fleet role maker of a worker (its ``get_trainer_endpoints()`` and
+            ``worker_index()``), or None to read PADDLE_TRAINER_ENDPOINTS and
+            PADDLE_TRAINER_ID.
+        timeout_ms: the group's default operation timeout (FLEET_RPC_TIMEOUT_MS).
+
+    CURVE keys come from the environment (``CurveConfig.from_env()``).
+
+    Raises:
+        ConfigError: a variable is missing or malformed (names it and what to set), or the
+            role maker is a server's or knows no worker endpoints.
+        TransportError, FleetTimeoutError: as ``WorkerGroup``.
+    """
+    if role_maker is not None:
+        if not role_maker.is_worker():
+            raise ConfigError(f"{role_maker!r} is a parameter server's role; only workers join the worker group")
+        endpoints = role_maker.get_trainer_endpoints()
+        rank = role_maker.worker_index()
+        if not endpoints:
+            raise ConfigError(f"the role maker knows no worker endpoints, which the worker group needs; set "
+                              f"{ENDPOINTS_ENV} to every worker's host:port (fleetrun sets it)")
+    else:
+        text = os.environ.get(ENDPOINTS_ENV, "")
+        if not text.strip():
+            raise ConfigError(f"{ENDPOINTS_ENV} is not set, but the worker group needs it; set it to every "
+                              f"worker's host:port, comma separated, the same on every worker (fleetrun sets it)")
+        endpoints = endpoint_rules.parse_endpoint_list(text, ENDPOINTS_ENV, ConfigError)
+        rank_text = os.environ.get(RANK_ENV)
+        if rank_text is None:
+            raise ConfigError(f"{RANK_ENV} is not set, but the worker group needs it; set it to this worker's "
+                              f"index in {ENDPOINTS_ENV} (0 to {len(endpoints) - 1})")
+        rank = parse_int(RANK_ENV, rank_text, 0, len(endpoints),
+                         f"this worker's index in {ENDPOINTS_ENV} (0 to {len(endpoints) - 1})", ConfigError)
+    return WorkerGroup(endpoints, rank, curve=CurveConfig.from_env(), timeout_ms=timeout_ms)
+
+
+# ---------------------------------------------------------------------- helpers
+
+def _identity(rank):
+    return b"fleet-rank-%d" % rank
+
+
+def _check_endpoints(endpoints):
+    if isinstance(endpoints, str) or not hasattr(endpoints, "__iter__"):
+        raise ConfigError(f"endpoints={endpoints!r} is not a list of 'host:port' strings; pass every worker's "
+                          f"endpoint, e.g. ['10.0.0.1:6170', '10.0.0.2:6170']")
+    endpoints = list(endpoints)
+    if not endpoints:
+        raise ConfigError("endpoints is empty; pass every worker's 'host:port', this one included")
+    for endpoint in endpoints:
+        endpoint_rules.parse_endpoint(endpoint, "worker endpoint", ConfigError)
+    if len(set(endpoints)) != len(endpoints):
+        dup = next(e for e in endpoints if endpoints.count(e) > 1)
+        raise ConfigError(f"worker endpoint {dup!r} is listed twice in {endpoints}; give every worker its own port")
+    return endpoints
+
+
+def _check_rank(rank, size):
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < size:
+        raise ConfigError(f"rank={rank!r} is not an index of the {size} endpoints; pass an int in [0, {size})")
+    return int(rank)
+
+
+def _check_timeout(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ConfigError(f"{name}={value!r} is not a positive number of milliseconds")
+    return int(value)
+
+
+def _flat(array, what, dtypes):
+    if not isinstance(array, np.ndarray):
+        raise ConfigError(f"{what}: got a {type(array).__name__}, not a numpy array; pass np.asarray(x)")
+    if array.dtype.name not in dtypes or not array.dtype.isnative:
+        raise ConfigError(f"{what}: dtype {array.dtype.str} ({array.dtype.name}) is not one of {', '.join(dtypes)} "
+                          f"in native byte order; convert with array.astype(np.float32) (or another of those)")
+    return np.ascontiguousarray(array).reshape(-1), tuple(int(d) for d in array.shape)
+
+
+def _chunk_bounds(size, itemsize, chunk_bytes):
+    count = max(1, math.ceil(size * itemsize / chunk_bytes))
+    return [(size * c // count, size * (c + 1) // count) for c in range(count)]
+
+
+def _ring_regions(size, parts, itemsize, chunk_bytes):
+    """regions[k][c] = (lo, hi) of chunk c of segment k; every segment has as many chunks."""
+    bounds = [size * k // parts for k in range(parts + 1)]
+    longest = max(bounds[k + 1] - bounds[k] for k in range(parts))
+    count = max(1, math.ceil(longest * itemsize / chunk_bytes))
+    regions = []
+    for k in range(parts):
+        lo, length = bounds[k], bounds[k + 1] - bounds[k]
+        regions.append([(lo + length * c // count, lo + length * (c + 1) // count) for c in range(count)])
+    return regions
+
+
+def _ranks_text(ranks, endpoints):
+    ranks = sorted(ranks)
+    listed = ", ".join(f"{p} ({endpoints[p]})" for p in ranks)
+    return f"rank {listed}" if len(ranks) == 1 else f"ranks {listed}"
+
+
+def _describe(desc):
+    if not isinstance(desc, dict):
+        return "an unknown operation"
+    kind = desc.get("kind", "?")
+    shape = desc.get("shape")
+    dims = "[" + ", ".join(map(str, shape)) + "]" if isinstance(shape, list) else ""
+    if kind == "all_reduce":
+        return f"all_reduce(op={desc.get('op')!r}) of {desc.get('dtype')}{dims} ({desc.get('algo')})"
+    if kind in ("all_gather", "all_gather_object"):
+        return f"{kind} of {desc.get('dtype')}{dims}"
+    if kind == "broadcast":
+        return f"broadcast(root={desc.get('root')}) of {desc.get('dtype')}{dims}"
+    return str(kind)
+
+
+class _Keys:
+    def __init__(self, keys):
+        self.keys = frozenset(keys)
+
+    def callback(self, domain, key):
+        return key in self.keys
+
+
+_SAFE_GLOBALS = {
+    ("builtins", name) for name in ("complex", "set", "frozenset", "slice", "range", "bytearray")
+} | {
+    (module, name) for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+    for name in ("scalar", "_reconstruct")
+} | {
+    (module, "_frombuffer") for module in ("numpy.core.numeric", "numpy._core.numeric")
+} | {("numpy", "dtype"), ("numpy", "ndarray"), ("collections", "OrderedDict")}
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in _SAFE_GLOBALS or module == "numpy.dtypes":
+            return super().find_class(module, name)
+        raise TransportError(f"all_gather_object carries builtin types and numpy arrays only, not "
+                             f"{module}.{name}; convert it to those (e.g. a dict of lists)")
+
+
+def _loads(data):
+    try:
+        return _SafeUnpickler(io.BytesIO(data)).load()
+    except TransportError:
+        raise
+    except Exception as e:  # a corrupt pickle raises many types
+        raise TransportError(f"all_gather_object received data that does not unpickle ({type(e).__name__}: {e})")
