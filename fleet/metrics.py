@@ -42,7 +42,7 @@ import weakref
 
 import numpy as np
 
-from fleet.errors import ConfigError, DataError, FleetTimeoutError
+from fleet.errors import ConfigError, DataError, FleetTimeoutError, PeerLostError, TransportError
 from fleet.framework.program import Variable
 from fleet.framework.scope import Scope, global_scope
 from fleet.framework.tensor import LoDTensor, SparseRows
@@ -143,7 +143,7 @@ def _check_same_call(group, metric, args):
     sig = [seq, metric, [[list(a.shape), str(a.dtype)] for a in args]]
     try:
         sigs = group.all_gather_object(sig)
-    except FleetTimeoutError as e:
+    except TransportError as e:
         raise _timeout(e, metric, seq) from e
     sigs = [[int(s[0]), str(s[1]), [(tuple(a[0]), str(a[1])) for a in s[2]]] for s in sigs]
     mine = sigs[group.rank]
@@ -156,10 +156,16 @@ def _check_same_call(group, metric, args):
 
 
 def _timeout(error, metric, seq):
-    return FleetTimeoutError(
-        f"fleet.metrics.{metric} (this worker's metric call {seq}): {error}. Metric calls are collective: every "
-        f"worker must make the same fleet.metrics calls in the same order, so a worker that skips one, reaches it "
-        f"more than FLEET_RPC_TIMEOUT_MS later than the others, or died, leaves the others waiting")
+    """``error`` (the group's TransportError: a timeout, a lost or closed worker) saying
+    what this call was; it keeps its class (a lost worker stays a PeerLostError naming its
+    rank and endpoint)."""
+    text = (f"fleet.metrics.{metric} (this worker's metric call {seq}): {error}. Metric calls are collective: "
+            f"every worker must make the same fleet.metrics calls in the same order, so a worker that skips one, "
+            f"reaches it more than FLEET_RPC_TIMEOUT_MS after the others, stopped (fleet.stop_worker()) or died "
+            f"leaves the others waiting")
+    if isinstance(error, PeerLostError):
+        return PeerLostError(error.rank, error.endpoint, text)
+    return (FleetTimeoutError if isinstance(error, FleetTimeoutError) else TransportError)(text)
 
 
 def _all_reduce(reducer, arrays, op, metric, args):
@@ -176,7 +182,7 @@ def _all_reduce(reducer, arrays, op, metric, args):
             continue
         try:
             merged = reducer.all_reduce(np.ascontiguousarray(a.reshape(-1)), op)
-        except FleetTimeoutError as e:
+        except TransportError as e:
             raise _timeout(e, metric, seq if seq is not None else "?") from e
         out.append(np.asarray(merged).reshape(a.shape))
     return out
