@@ -152,7 +152,7 @@ class Fleet:
         """The group a global metric reduces over, or None when this process is the job's
         only worker (local training, fleet not initialized, a job of one worker).
 
-        A runtime that has a worker group of its own (collective training, hybrid) lends
+        A communicator that trains over a worker group (collective training, hybrid) lends
         it; otherwise the workers of a parameter-server job form one from the role maker's
         worker endpoints on first use (a bounded wait for every worker), kept until
         ``stop_worker()``.
@@ -170,7 +170,7 @@ class Fleet:
                 f"{what} is for workers: this process is server {self.server_index()}, and servers hold no "
                 f"metrics and do not join the workers' group; call it in the worker branch of the script "
                 f"(if fleet.is_worker(): ...), on every worker")
-        lent = self._runtime_group()
+        lent = self._runtime_group(what)
         if lent is not None:
             return lent
         if self.is_local() or self.worker_num() == 1:
@@ -185,11 +185,21 @@ class Fleet:
                 self._group = group_from_env(self._role_maker)
             return self._group
 
-    def _runtime_group(self):
-        """The worker group the runtime trains with (collective, hybrid), or None."""
-        group = getattr(self._runtime, "worker_group", None)
-        if callable(group):
-            group = group()
+    def _runtime_group(self, what):
+        """The worker group this worker's communicator trains with (collective, hybrid:
+        ``comm.uses_worker_group``), or None when it has none.
+
+        Raises:
+            ConfigError: the communicator uses a group, but it is not joined (before
+                ``init_worker()`` or after ``stop_worker()``).
+        """
+        comm = getattr(self._runtime, "comm", None)
+        if not getattr(comm, "uses_worker_group", False):
+            return None
+        group = getattr(comm, "group", None)
+        if group is None:
+            raise ConfigError(f"{what} runs over the workers' group this job trains with, which this worker has "
+                              f"not joined: call it after fleet.init_worker() and before fleet.stop_worker()")
         return group
 
     def _close_group(self):

@@ -362,16 +362,26 @@ def test_a_runtime_with_a_worker_group_lends_it_to_the_metrics(monkeypatch):
                                     server_endpoints=["127.0.0.1:6170"]))
     lent = RecordingGroup(fleet.base.fleet._role_maker)
 
+    class Comm:  # the shape of the collective and hybrid communicators
+        uses_worker_group = True
+        group = None
+
     class Runtime:
-        worker_group = lent
+        comm = Comm()
 
         def stop_worker(self):
-            pass
+            self.comm.group = None
 
-    fleet.base.fleet._runtime = Runtime()
+    fleet.base.fleet._runtime = runtime = Runtime()
+    with pytest.raises(ConfigError) as info:                 # before init_worker joined it
+        metrics.sum(np.array([3], np.int64))
+    assert str(info.value) == ("fleet.metrics.sum runs over the workers' group this job trains with, which this "
+                               "worker has not joined: call it after fleet.init_worker() and before "
+                               "fleet.stop_worker()")
+    runtime.comm.group = lent
     np.testing.assert_array_equal(metrics.sum(np.array([3], np.int64)), [6])
     fleet.stop_worker()
-    assert lent.closed == 0  # the runtime's group is the runtime's to close
+    assert lent.closed == 0  # the communicator's group is the communicator's to close
 
 
 # ------------------------------------------------------------------ real worker groups
