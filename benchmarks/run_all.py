@@ -43,6 +43,8 @@ def benchmarks(quick):
         ("kernels", ["bench_kernels.py"]),
         ("transport", ["bench_transport.py"]),
         ("communicator", ["bench_communicator.py"]),
+        # the worker group's all_reduce next to raw ZeroMQ and MPI, 2 and 4 processes
+        ("collective", ["bench_collective.py"] + (["--seconds", "0.5", "--repeats", "2"] if quick else [])),
         ("sparse_table", ["bench_sparse_table.py", "--large-rows", "10000000" if quick else "100000000"]),
         ("local_train", ["bench_local_train.py"]),
         ("torch_ctr", ["bench_torch_ctr.py", "--lines", "100000" if quick else "200000"]),
@@ -126,6 +128,7 @@ def figure_rows(r):
                  f"= {fmt(ratio, '{:.2f}')}x",
                  "skipped: torch not installed" if get(r, "torch_ctr", "skipped") else status(ratio, 1.0)))
     rows += distributed_goal_rows(r)
+    rows += collective_goal_rows(r)
     for name, key in (("transport", "ratio_4mib"), ("communicator", "ratio_4mib")):
         v = get(r, name, key)
         rows.append((f"dense push+pull of a 4 MiB block ({name})", "≥ 0.7 of raw ZeroMQ",
@@ -248,6 +251,44 @@ def scaling_rows(r, name="scaling"):
     return rows
 
 
+def collective_goal_rows(r):
+    """bench_collective's checks: all_reduce bandwidth vs the raw ZeroMQ bound."""
+    co = r.get("collective") or {}
+    rows = [(f"{c['figure']} (bench_collective)", c["goal"], fmt(c["value"], "{:.2f}"), check_status(c))
+            for c in co.get("checks") or []]
+    if not rows:
+        rows.append(("all_reduce bandwidth vs raw ZeroMQ (bench_collective)", "see bench_collective.py",
+                     cell(co.get("error", "n/a")), "not measured"))
+    return rows
+
+
+def collective_rows(r):
+    """(processes, MiB, fleet GB/s, bound GB/s, MPI GB/s) of bench_collective."""
+    co = r.get("collective") or {}
+    rows = []
+    for n, per_size in (co.get("fleet_gbps") or {}).items():
+        mpi = (co.get("mpi_gbps") or {}).get(n)
+        for mib, gbps in per_size.items():
+            raw = (co.get("raw_gbps") or {}).get(mib)
+            bound = None if raw is None else raw / (2 * (int(n) - 1) / int(n))
+            rows.append((n, mib, fmt(gbps, "{:.2f}"), fmt(raw, "{:.2f}"), fmt(bound, "{:.2f}"),
+                         cell(mpi) if isinstance(mpi, str) else fmt((mpi or {}).get(mib), "{:.2f}")))
+    return rows
+
+
+COLLECTIVE_HEADER = ("processes", "MiB", "fleet all_reduce GB/s", "raw ZeroMQ GB/s", "bound raw / (2(N-1)/N)",
+                     "MPI Allreduce GB/s")
+
+
+def collective_sweep_rows(r):
+    co = r.get("collective") or {}
+    rows = []
+    for n, per_size in (co.get("sweep_us") or {}).items():
+        for kib, t in per_size.items():
+            rows.append((n, kib, fmt(t.get("direct"), "{:,.0f}"), fmt(t.get("ring"), "{:,.0f}")))
+    return rows
+
+
 def cluster_rows(r):
     cl = r.get("cluster") or {}
     rows = []
@@ -352,6 +393,21 @@ def write_report(path, results, args, started):
         "batch / pushes merged:",
         "",
         table(SCALING_HEADER, scaling_rows(results, "scaling_merged")),
+        "",
+        "## Worker group all_reduce",
+        "",
+        "`bench_collective.py`: `fleet.transport.group.WorkerGroup.all_reduce` of float32 arrays, one process "
+        "per rank on this machine; GB/s of algorithm bandwidth (array bytes / seconds per all_reduce, the "
+        "slowest rank, best of the repeats). Raw ZeroMQ: a DEALER streaming the array to a ROUTER in another "
+        "process with copy=False, the same run; a ring moves 2(N-1)/N of the array through each rank, hence "
+        "the bound. MPI: mpi4py's `Allreduce` under `mpirun --oversubscribe`, the same run.",
+        "",
+        table(COLLECTIVE_HEADER, collective_rows(results)),
+        "",
+        "Microseconds per all_reduce by algorithm (the direct exchange and the ring on the same arrays), which "
+        f"places `RING_MIN_BYTES` ({fmt(get(results, 'collective', 'ring_min_bytes'))} bytes):",
+        "",
+        table(("processes", "KiB", "direct us", "ring us"), collective_sweep_rows(results)),
         "",
         "## CTR-DNN across hosts, links capped",
         "",

@@ -80,7 +80,8 @@ RANK_ENV = "PADDLE_TRAINER_ID"
 _WIRE_OP = "group"
 _POLL_MS = 100  # longest a wait sleeps before it checks liveness again
 _DRAIN = 256  # messages read per wake-up
-_DOWN_GRACE_MS = 1000  # a dropped connection counts as lost once no goodbye came for this long
+_DOWN_GRACE_MS = 1000
+_REPORT_LINGER_MS = 1000  # how long closing waits for a loss report to leave  # a dropped connection counts as lost once no goodbye came for this long
 _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 _MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -323,10 +324,12 @@ class WorkerGroup:
             if self._ctx is None:
                 return
             try:
-                if self._lost is None and not self._ctx.closed:
+                if self._lost is None:
                     for p in self.peers:
                         self._send(p, -1, "bye")
                     self._wait_goodbyes()
+                else:
+                    self._report_loss()
             except Exception as e:  # noqa: BLE001 - closing must always release the sockets
                 log.warning("fleet: rank %d of the worker group did not close cleanly: %s", self.rank, e)
             finally:
@@ -622,6 +625,12 @@ class WorkerGroup:
             self._hello[src] = meta.get("d")
         elif kind == "bye":
             self._bye.add(src)
+            lost = meta.get("lost")
+            if (self._lost is None and isinstance(lost, list) and len(lost) == 2 and isinstance(lost[1], str)
+                    and isinstance(lost[0], int) and 0 <= lost[0] < self.size and lost[0] != self.rank):
+                rank = lost[0]
+                self._lost = PeerLostError(rank, self.endpoints[rank], f"{lost[1]} (reported by rank {src})")
+                log.error("fleet: rank %d: %s", self.rank, self._lost)
         elif msg.seq < self._seq or (msg.seq == self._seq and not self._in_operation):
             self._counters["stale_messages"] += 1
             log.debug("fleet: rank %d dropped a late message of operation %d from rank %d", self.rank, msg.seq, src)
@@ -669,6 +678,16 @@ class WorkerGroup:
                     f"rank {peer} ({self.endpoints[peer]}) closed the worker group while rank {self.rank} waits "
                     f"for it in {what}: the ranks did not call the same operations (e.g. one ran out of data "
                     f"first); make every rank call the same operations, or stop every rank at the same step")
+
+    def _report_loss(self):
+        """Tells the ranks still there which rank was lost, so each names the rank that
+        failed first rather than this one, which leaves now without a regular goodbye."""
+        for peer in self.peers:
+            if peer == self._lost.rank or peer in self._down:
+                continue
+            self._dealers[peer].linger = _REPORT_LINGER_MS  # close() waits so long for it to leave
+            meta = {"k": "bye", "s": 0, "c": 0, "lost": [self._lost.rank, str(self._lost)]}
+            self._dealers[peer].send_multipart(message.encode(_WIRE_OP, -1, self.rank, meta=meta))
 
     def _fresh_lost(self):
         cls, args = self._lost.__reduce__()[:2]
@@ -800,9 +819,11 @@ class WorkerGroup:
                     dealer.disable_monitor()
                 except zmq.ZMQError:
                     pass
-        for sock in [*self._monitors.values(), *self._dealers.values(), self._router]:
+        for sock in [*self._monitors.values(), self._router]:
             if sock is not None:
                 sock.close(linger=0)
+        for sock in self._dealers.values():
+            sock.close()  # linger 0 but for a loss report in flight (_report_loss)
         self._monitors, self._dealers, self._router = {}, {}, None
         if self._auth is not None:
             self._auth.stop()
@@ -927,6 +948,8 @@ def _check_timeout(value, name):
 
 
 def _flat(array, what, dtypes):
+    if isinstance(array, np.generic):  # a numpy scalar: a 0-d array
+        array = np.asarray(array)
     if not isinstance(array, np.ndarray):
         raise ConfigError(f"{what}: got a {type(array).__name__}, not a numpy array; pass np.asarray(x)")
     if array.dtype.name not in dtypes or not array.dtype.isnative:
