@@ -14,7 +14,8 @@ Arguments are numpy arrays, or variable names / Variables whose values are read 
 ``scope`` (default: the global scope). Every function is a collective call: every worker
 of the job calls the same functions in the same order, between training passes, and each
 call returns the same value on every worker. Before reducing, the workers compare what
-they were asked (the function, the call's number on each worker, the shapes and dtypes):
+they were asked (the function, the call's number on each worker, the shapes and dtypes
+of what they reduce):
 a worker that called another function, or arrays of another shape, makes every worker
 raise a ``ConfigError`` naming the workers and what each called; a worker that does not
 call at all is named by the ``FleetTimeoutError`` the others raise after
@@ -34,7 +35,9 @@ Which workers take part:
   ``fleet.util`` shape); the comparison of calls runs only when it also has
   ``all_gather_object``.
 
-Thread-safety: call from one thread at a time (the main thread between passes).
+Thread-safety: a call's exchanges are not interleaved with another thread's call, but the
+order of calls from several threads differs between workers: call from one thread (the
+main thread, between passes).
 """
 import math
 import threading
@@ -51,6 +54,7 @@ __all__ = ["sum", "max", "min", "auc", "acc", "mae", "mse", "rmse"]
 
 _WIRE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int64))
 _calls = weakref.WeakKeyDictionary()  # group -> number of metric calls made on it by this process
+_locks = weakref.WeakKeyDictionary()  # group -> the lock that keeps one call's exchanges together
 _calls_lock = threading.Lock()
 
 
@@ -124,15 +128,20 @@ def _reducer(metric, util):
     return _fleet._metric_group(f"fleet.metrics.{metric}")
 
 
+def _shapes(arrays):
+    return [[[int(d) for d in a.shape], str(a.dtype)] for a in arrays]
+
+
 def _describe(sig):
-    seq, metric, arrays = sig
-    args = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in arrays)
-    return f"{metric}({args}) as its call {seq}"
+    seq, metric, _, args = sig
+    text = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in args)
+    return f"{metric}({text}) as its call {seq}"
 
 
-def _check_same_call(group, metric, args):
-    """Every worker compares what it was asked (the function, this call's number on the
-    worker, the arguments' shapes and dtypes); a mismatch raises the same error everywhere.
+def _check_same_call(group, metric, arrays, args):
+    """Every worker compares what it was asked: the function, this call's number on the
+    worker and the shapes and dtypes of the arrays to reduce (``args``, the caller's
+    arguments, name them in the error). A mismatch raises the same error everywhere.
 
     Returns:
         The call's number on this worker (1 for the first metric call on ``group``).
@@ -140,14 +149,11 @@ def _check_same_call(group, metric, args):
     with _calls_lock:
         seq = _calls.get(group, 0) + 1
         _calls[group] = seq
-    sig = [seq, metric, [[list(a.shape), str(a.dtype)] for a in args]]
     try:
-        sigs = group.all_gather_object(sig)
+        sigs = group.all_gather_object([seq, metric, _shapes(arrays), _shapes(args)])
     except TransportError as e:
         raise _timeout(e, metric, seq) from e
-    sigs = [[int(s[0]), str(s[1]), [(tuple(a[0]), str(a[1])) for a in s[2]]] for s in sigs]
-    mine = sigs[group.rank]
-    if all(s == mine for s in sigs):
+    if all(s[:3] == sigs[group.rank][:3] for s in sigs):
         return seq
     lines = "; ".join(f"worker {rank} called {_describe(s)}" for rank, s in enumerate(sigs))
     raise ConfigError(f"fleet.metrics.{metric}: the workers made different metric calls: {lines}. Every worker "
@@ -173,19 +179,22 @@ def _all_reduce(reducer, arrays, op, metric, args):
     local); ``args`` are the caller's arguments, compared between workers first."""
     if reducer is None:
         return [np.array(a) for a in arrays]
-    checked = callable(getattr(reducer, "all_gather_object", None))
-    seq = _check_same_call(reducer, metric, args) if checked else None
-    out = []
-    for a in arrays:
-        if a.size == 0:
-            out.append(np.array(a))
-            continue
-        try:
-            merged = reducer.all_reduce(np.ascontiguousarray(a.reshape(-1)), op)
-        except TransportError as e:
-            raise _timeout(e, metric, seq if seq is not None else "?") from e
-        out.append(np.asarray(merged).reshape(a.shape))
-    return out
+    with _calls_lock:
+        lock = _locks.setdefault(reducer, threading.Lock())
+    with lock:  # one call's exchanges in a row, whichever thread calls
+        checked = callable(getattr(reducer, "all_gather_object", None))
+        seq = _check_same_call(reducer, metric, arrays, args) if checked else None
+        out = []
+        for a in arrays:
+            if a.size == 0:
+                out.append(np.array(a))
+                continue
+            try:
+                merged = reducer.all_reduce(np.ascontiguousarray(a.reshape(-1)), op)
+            except TransportError as e:
+                raise _timeout(e, metric, seq if seq is not None else "?") from e
+            out.append(np.asarray(merged).reshape(a.shape))
+        return out
 
 
 def _elementwise(metric, input, op, scope, util):

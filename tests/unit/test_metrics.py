@@ -300,6 +300,17 @@ def test_workers_making_different_calls_all_raise_naming_each_workers_call():
     assert all(type(e) is ConfigError for e in errors)
 
 
+def test_workers_may_pass_other_dtypes_where_the_reduction_does_not_depend_on_them():
+    def worker(r, g):  # worker 1 counts in float32 and int32 buckets, the others in int64
+        counts = np.array([3], np.int64 if r != 1 else np.float32)
+        buckets = np.array([1, 2, 0], np.int64 if r != 1 else np.int32)
+        return metrics.acc(counts, np.array([4]), util=g), metrics.auc(buckets, buckets[::-1].copy(), util=g)
+
+    results, errors = run_workers(3, worker)
+    assert errors == [None] * 3
+    assert results == [(0.75, metrics.auc(np.array([3, 6, 0]), np.array([0, 6, 3])))] * 3
+
+
 def test_a_worker_that_skips_a_call_leaves_the_others_with_a_timeout_naming_the_call():
     hub = Loopback(2, timeout_s=0.5)
 
