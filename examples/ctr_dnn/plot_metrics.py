@@ -27,6 +27,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         raise SystemExit("usage: python plot_metrics.py METRICS_JSONL OUT_PNG")
+    with open(argv[0]) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    epochs, later_run = epoch_rows(rows)
+    if not epochs:
+        raise SystemExit(f"{argv[0]} has no per-epoch lines with global_auc and loss: train with this "
+                         f"directory's train.py first")
     try:
         import matplotlib
 
@@ -34,12 +40,6 @@ def main(argv=None):
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit('plot_metrics.py needs matplotlib: pip install -e ".[plot]"') from None
-    with open(argv[0]) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    epochs, later_run = epoch_rows(rows)
-    if not epochs:
-        raise SystemExit(f"{argv[0]} has no per-epoch lines with global_auc and loss: train with this "
-                         f"directory's train.py first")
     x = [r["epoch"] for r in epochs]
     workers = epochs[-1].get("workers", 1)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
