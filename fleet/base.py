@@ -16,7 +16,7 @@ import uuid
 
 import numpy as np
 
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
 from fleet.framework.hooks import set_program_rewriter
@@ -182,7 +182,13 @@ class Fleet:
                 log.info("%s: worker %d of %d joins the workers' group for global metrics (every worker "
                          "must call the same fleet.metrics functions in the same order)", what,
                          self.worker_index(), self.worker_num())
-                self._group = group_from_env(self._role_maker)
+                try:
+                    self._group = group_from_env(self._role_maker)
+                except FleetTimeoutError as e:
+                    raise FleetTimeoutError(
+                        f"{what}: the workers' group for global metrics did not form: {e}. Every worker makes the "
+                        f"same fleet.metrics calls; a worker that makes none, or its first one more than "
+                        f"FLEET_CONNECT_TIMEOUT_MS after the others, leaves them waiting") from e
             return self._group
 
     def _runtime_group(self, what):

@@ -460,3 +460,19 @@ def test_over_real_worker_groups_a_worker_that_stopped_is_named_by_the_others(fr
         assert str(errors[rank]).startswith(
             f"fleet.metrics.acc (this worker's metric call 2): rank 1 (127.0.0.1:"), errors[rank]
         assert "closed the worker group while rank" in str(errors[rank])
+
+
+def test_a_group_that_does_not_form_is_reported_as_the_metric_call_that_waited(monkeypatch):
+    import fleet.transport.group as group_module
+
+    def missing_worker(role_maker):
+        raise FleetTimeoutError("rank 2 (127.0.0.1:7003) did not answer rank 0 in joining within 60000 ms")
+
+    monkeypatch.setattr(group_module, "group_from_env", missing_worker)
+    fleet.init(UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=3, server_endpoints=["127.0.0.1:6170"]))
+    with pytest.raises(FleetTimeoutError) as info:
+        metrics.auc(np.zeros(3), np.zeros(3))
+    assert str(info.value) == (
+        "fleet.metrics.auc: the workers' group for global metrics did not form: rank 2 (127.0.0.1:7003) did not "
+        "answer rank 0 in joining within 60000 ms. Every worker makes the same fleet.metrics calls; a worker that "
+        "makes none, or its first one more than FLEET_CONNECT_TIMEOUT_MS after the others, leaves them waiting")
