@@ -13,7 +13,8 @@ from this run:
   worker's pass start to the last worker's pass end (one machine's clock);
 - ``wire_bytes_per_example``: bytes every host's link sent (its veth's tx_bytes counter,
   read before and after the run: protocol headers, CURVE and heartbeats included) over the
-  examples trained;
+  examples trained; traffic between a worker and the server of its own host never crosses
+  a link and is not counted;
 - ``vs_uncapped``: a capped run's examples/s over the uncapped run of the same strategy.
 
 The hosts share this machine's cores (2 on the reference machine), so uncapped runs are

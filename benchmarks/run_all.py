@@ -415,7 +415,8 @@ def write_report(path, results, args, started):
         f"{get(results, 'cluster', 'batch_size') or 'n/a'}; three hosts as network namespaces joined by a "
         f"bridge ({get(results, 'cluster', 'layout') or 'n/a'}), each link capped in both directions by "
         "tc tbf. Bytes on the wire: what every host's link sent (headers, CURVE and heartbeats included) per "
-        "example trained. The hosts share this machine's cores, so the uncapped runs are CPU-bound; the "
+        "example trained; a worker's traffic with the server on its own host stays on that host and is not "
+        "counted (CTR-DNN's dense parameters are 1.7 MB: sync pushes and pulls them every step). The hosts share this machine's cores, so the uncapped runs are CPU-bound; the "
         "capped runs show how much each strategy depends on bandwidth.",
         "",
         table(CLUSTER_HEADER, cluster_rows(results)),

@@ -16,6 +16,7 @@ import uuid
 
 import numpy as np
 
+from fleet import telemetry
 from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
@@ -72,6 +73,7 @@ class Fleet:
         self._close_group()  # a previous job's metric group
         self._role_maker = role_maker
         self._is_initialized = True
+        telemetry.start(self)  # describes this process; serves its metrics if FLEET_METRICS_PORT is set
         self._executor = Executor()
         self._runtime = None
         set_program_rewriter(None)  # a previous job's worker runtime no longer rewrites programs

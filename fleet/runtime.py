@@ -22,6 +22,7 @@ import weakref
 
 import numpy as np
 
+from fleet import telemetry
 from fleet.communicator import make_communicator
 from fleet.errors import ConfigError, FleetTimeoutError, ServerError, TransportError
 from fleet.framework import io as fio
@@ -38,7 +39,7 @@ from fleet.transpiler.plan import DISTRIBUTED, SPARSE, build_plan
 from fleet.transpiler.worker_program import (has_server_updates, reads_server_params, transpile_eval,
                                              transpile_worker)
 from fleet.transport import Client, CurveConfig, Heartbeat, ServerSocket, wait_for_servers
-from fleet.transport.settings import heartbeat_settings
+from fleet.transport.settings import heartbeat_settings, worker_connect_timeout_ms
 
 log = logging.getLogger("fleet")
 
@@ -115,6 +116,7 @@ class WorkerRuntime:
             op.attr("table"): op.input("Ids") for op in block.ops if op.type == "prefetch"
             and all(block.vars[n].is_data for n in op.input("Ids"))})
         self.started = False
+        telemetry.TELEMETRY.attach_worker(self)
 
     def programs(self):
         return self.program, self.startup
@@ -453,6 +455,8 @@ class ServerRuntime:
         self.endpoint = fleet.server_endpoints()[fleet.server_index()]
         self.name = f"server {fleet.server_index()}"
         self.server = None
+        self.sock = None  # the ServerSocket while run_server serves (telemetry reads its counters)
+        telemetry.TELEMETRY.attach_server(self)
 
     def programs(self):
         return self.main, self.startup
@@ -510,6 +514,7 @@ class ServerRuntime:
         interval_ms, timeout_ms = heartbeat_settings()
         stop = threading.Event()
         with ServerSocket(self.endpoint, curve=_curve()) as sock:
+            self.sock = sock
             watch = _ServerWatch(ps, sock, stop, timeout_ms / 1000.0, self.name)
             log.info("fleet: %s listening on %s; expecting %s (%s): %d blocks, %d tables",
                      self.name, self.endpoint, _plural(ps.workers, "worker"), ps.mode, len(ps.blocks),
@@ -537,10 +542,13 @@ class _ServerWatch:
     def __init__(self, ps, sock, stop, timeout_s, name="server"):
         self.ps, self.sock, self.stop, self.timeout_s = ps, sock, stop, timeout_s
         self.name = name
+        self.since = time.monotonic()
+        self.first_contact_s = worker_connect_timeout_ms() / 1000.0
         self.published = None  # when heartbeat replies started to carry the failure
         self.stop_at = None
         self.connect_wait = WaitLog(f"{_plural(ps.workers, 'worker')} to connect to {name} ({sock.endpoint})",
-                                    logger=log)
+                                    limit=f"failing the job after {self.first_contact_s:g} s "
+                                          f"(FLEET_WORKER_CONNECT_TIMEOUT_MS)", logger=log)
         self.waits = {}  # what -> WaitLog of the parked wait that began at its `since`
         self.stop_wait = None
 
@@ -576,7 +584,8 @@ class _ServerWatch:
         now = time.monotonic()
         ps = self.ps
         last_heard = self.sock.last_heard()
-        ps.check_liveness(last_heard, self.timeout_s, now)
+        ps.check_liveness(last_heard, self.timeout_s, now, since=self.since,
+                          first_contact_s=self.first_contact_s)
         self._log_waits(last_heard)
         if ps.failure is not None and self.published is None:
             self.sock.set_heartbeat_status(ps.status())

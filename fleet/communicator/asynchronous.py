@@ -83,6 +83,9 @@ class AsyncCommunicator(Communicator):
         self._ahead_lock = threading.Lock()
         self._pool = None
         self.stats["prefetches_ahead_used"] = 0
+        # staleness (telemetry): steps handed to send() and steps whose round was sent
+        self.stats["steps_queued"] = 0
+        self.stats["steps_sent"] = 0
 
     def start(self):
         super().start()
@@ -199,6 +202,7 @@ class AsyncCommunicator(Communicator):
         done = self._tls.last = threading.Event()
         with self._cv:
             self._senders.add(threading.get_ident())
+        self._count("steps_queued")
         queued = False
         for name, value in grads.items():
             q = self._queues.get(name)
@@ -227,7 +231,7 @@ class AsyncCommunicator(Communicator):
             with self._cv:
                 self._cv.notify()
         if not queued:
-            done.set()
+            self._finish_steps((done,))
 
     def _steps_to_merge(self):
         """How many queued steps the next round merges: up to max_merge. With fewer queued,
@@ -285,6 +289,27 @@ class AsyncCommunicator(Communicator):
             self._count("sends")
         return popped, done
 
+    def _finish_steps(self, events):
+        """Marks the steps of ``events`` sent (their training threads may go on) and counts
+        each once (a step split over two rounds is set twice)."""
+        newly = 0
+        for ev in events:
+            if not ev.is_set():
+                ev.set()
+                newly += 1
+        if newly:
+            self._count("steps_sent", newly)
+
+    def send_queue_depths(self):
+        """{gradient: steps waiting in its send queue} (telemetry). Never blocks."""
+        return {name: q.qsize() for name, q in list(self._queues.items())}
+
+    def steps_in_flight(self):
+        """Steps handed to ``send`` whose gradients were not sent yet: this worker's
+        staleness in steps (telemetry). Never blocks."""
+        with self._stats_lock:
+            return self.stats["steps_queued"] - self.stats["steps_sent"]
+
     def _send_loop(self):
         try:
             while not self._stop.is_set():
@@ -296,8 +321,7 @@ class AsyncCommunicator(Communicator):
                             self._cv.notify_all()
                     else:
                         self.pull_dense()
-                    for ev in done:
-                        ev.set()
+                    self._finish_steps(done)
                 else:
                     with self._cv:
                         self._cv.wait(0.01)
@@ -332,7 +356,6 @@ class AsyncCommunicator(Communicator):
             if not sent:
                 break
         self.pull_dense()
-        for ev in done:
-            ev.set()
+        self._finish_steps(done)
         if self.running and not self._closing:
             self._start_threads()

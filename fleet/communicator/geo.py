@@ -62,6 +62,11 @@ class GeoCommunicator(Communicator):
                 self._exchange()
                 self.interval = min(self.k, 2 * self.interval)
 
+    def steps_since_exchange(self):
+        """Local steps not yet exchanged with the servers: this worker's staleness in
+        steps (telemetry). Never blocks."""
+        return self._steps
+
     def flush(self):
         with self._lock:
             if self._steps:

@@ -24,12 +24,15 @@ class Scope:
         self._lock = threading.Lock()
         # What the values here come from (fleet's saves refuse a scope with neither):
         self.trained_examples = 0  # examples run through training programs in this scope
+        self.trained_steps = 0     # batches (steps) of those examples
         self.loaded_from = None    # the directory a load put values here from, if any
 
     def record_training(self, examples):
-        """Counts ``examples`` trained into this scope (the executor calls it). Thread-safe."""
+        """Counts one step of ``examples`` trained into this scope (the executor calls it,
+        once per batch). Thread-safe."""
         with self._lock:
             self.trained_examples += int(examples)
+            self.trained_steps += 1
 
     def find_var(self, name):
         """Returns the value of ``name`` here or in an ancestor, or None."""

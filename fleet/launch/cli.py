@@ -35,6 +35,8 @@ environment of each process (everything else is passed through unchanged):
   PADDLE_TRAINERS_NUM           the number of workers
   PADDLE_TRAINER_ID             the worker's index, 0 .. workers-1 (removed for servers)
   POD_IP, PADDLE_PORT           host and port of the process's own endpoint
+  FLEET_METRICS_PORT            with --metrics_port BASE: BASE+N for server N,
+                                BASE+server_num+N for worker N
   PADDLE_TRAINING_ROLE, PADDLE_CURRENT_ENDPOINT and PADDLE_PSERVER_ID are removed.
   Local training (--server_num 0) removes all of the above.
 
@@ -79,6 +81,7 @@ examples:
   python -m fleet.launch --servers 127.0.0.1:6170,127.0.0.1:6171 --worker_num 2 train.py
   fleetrun --server_num 1 --worker_num 2 --start_port 6170 --log_dir logs train.py
   fleetrun --server_num 0 train.py        # local training: one process, no servers
+  fleetrun --server_num 1 --worker_num 2 --metrics_port 9100 --live_summary 10 train.py
   fleetrun --make_keys keys               # once; copy keys/ to every host
   fleetrun --servers 10.0.0.1:6170,10.0.0.2:6170 --workers 10.0.0.1:6171,10.0.0.2:6171 \
       --keys_dir keys train.py             # the same command on 10.0.0.1 and on 10.0.0.2
@@ -118,6 +121,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a process fails, how long the others may take to exit by "
                         "themselves before they are stopped, so their logs say what they saw "
                         f"(default: {DEFAULT_FAILURE_GRACE:g}; 0: at once)")
+    watch = p.add_argument_group(
+        "watching a job (this host's processes; not with --hosts)",
+        textwrap.fill(
+        "With --metrics_port each process serves its counters (examples/s, pushes and pulls, bytes "
+        "on the wire, send queue depths, staleness in steps, table rows and memory, heartbeat ages) "
+        "in the Prometheus text format at http://HOST:PORT/metrics, HOST being its endpoint's host "
+        "(every interface for local training and for servers binding 0.0.0.0), from fleet.init() "
+        "on; point Prometheus at them, or let --live_summary print them. The metric names are in "
+        "docs/env.md (FLEET_METRICS_PORT).", width=86))
+    watch.add_argument("--metrics_port", type=int, metavar="BASE",
+                       help="serve each process's metrics: server i on port BASE+i, worker j on "
+                            "BASE+server_num+j, on the process's own host (sets FLEET_METRICS_PORT; "
+                            "a taken port is an error naming it)")
+    watch.add_argument("--live_summary", type=float, metavar="SECONDS",
+                       help="every SECONDS print one line on stderr about this host's processes, read "
+                            "from their metrics (needs --metrics_port), e.g. \"fleetrun: workers 2: "
+                            "41,200 ex/s, 38 push/s, 40 pull/s, lag 1.2 steps; servers 1: 80 req/s, 1.2M "
+                            "rows, 180 MB\", naming any process that did not answer")
     hosts = p.add_argument_group(
         "one job on several hosts (run the same command on each host)",
         "When --servers/--workers name several hosts, fleetrun starts on this host only the "
@@ -291,7 +312,7 @@ def _make_config(args, servers, workers, **more):
                         kill_timeout=args.kill_timeout, timeout=args.timeout,
                         failure_grace=args.failure_grace,
                         stop_on_stdin_eof=args.stop_on_stdin_eof, result_json=args.result_json,
-                        **more)
+                        metrics_port=args.metrics_port, live_summary=args.live_summary, **more)
 
 
 def _split_endpoints(text, option):
@@ -371,6 +392,14 @@ def hosts_config_from_args(args: argparse.Namespace) -> hosts_module.HostsConfig
         failure_grace=args.failure_grace, timeout=args.timeout)
 
 
+def _check_no_watch_options(args):
+    given = [f"--{name}" for name in ("metrics_port", "live_summary") if getattr(args, name) is not None]
+    if given:
+        raise ConfigError(f"{' and '.join(given)} work with the per-host fleetrun, not with --hosts: run "
+                          "the same fleetrun --servers ... --workers ... command on each host (docs/clusters.md) "
+                          "with --metrics_port BASE to watch the job")
+
+
 def _check_no_hosts_options(args):
     given = [f"--{name}" for name in _HOSTS_ONLY if getattr(args, name)]
     if args.server_num_per_host != 1 or args.worker_num_per_host != 1:
@@ -391,6 +420,7 @@ def main(argv=None) -> None:
                 f"every host of the job and give fleetrun --keys_dir {args.make_keys}")
             sys.exit(0)
         if args.hosts is not None:
+            _check_no_watch_options(args)
             code = hosts_module.run_hosts(hosts_config_from_args(args))
         else:
             _check_no_hosts_options(args)

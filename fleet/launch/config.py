@@ -7,6 +7,7 @@ import os
 
 from fleet.endpoints import parse_endpoint
 from fleet.errors import ConfigError
+from fleet.telemetry import METRICS_PORT_ENV
 from fleet.transport.curve import KEYS_DIR_ENV
 from fleet.transport.settings import BIND_HOST_ENV
 
@@ -63,6 +64,11 @@ class LaunchConfig:
             input reaches end of file (the dispatching fleetrun --hosts or its ssh
             connection is gone).
         result_json: a file to write at the end: how the job here ended, as JSON.
+        metrics_port: the base port of the processes' metrics endpoints (each gets
+            FLEET_METRICS_PORT: server i BASE+i, worker j BASE+servers+j, on its own host;
+            local training: BASE), or None to leave FLEET_METRICS_PORT as it is.
+        live_summary: every this many seconds print one line about the processes here,
+            read from their metrics endpoints (needs metrics_port), or None.
 
     Raises:
         ConfigError: a value is malformed; the message names it and the fix.
@@ -84,6 +90,8 @@ class LaunchConfig:
     keys_dir: str | None = None
     stop_on_stdin_eof: bool = False
     result_json: str | None = None
+    metrics_port: int | None = None
+    live_summary: float | None = None
 
     def __post_init__(self):
         for name in ("script_args", "server_endpoints", "worker_endpoints"):
@@ -126,12 +134,31 @@ class LaunchConfig:
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} {value!r} (--{name}) must be a positive number "
                                   "of seconds")
+        if self.metrics_port is not None:
+            last = self.metrics_port + max(1, len(self.server_endpoints) + len(self.worker_endpoints)) - 1
+            if not isinstance(self.metrics_port, int) or not 1 <= self.metrics_port or last > 65535:
+                raise ConfigError(f"--metrics_port {self.metrics_port!r} leaves no room for a port per process "
+                                  f"(server i gets BASE+i, worker j BASE+servers+j); give a port in "
+                                  f"1..{65535 - (last - self.metrics_port)}")
+        if self.live_summary is not None:
+            value = self.live_summary
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"--live_summary {value!r} must be a positive number of seconds")
+            if self.metrics_port is None:
+                raise ConfigError("--live_summary reads the processes' metrics endpoints: give --metrics_port "
+                                  "BASE too (server i then serves on BASE+i, worker j on BASE+servers+j)")
         if self.failure_grace is None:
             object.__setattr__(self, "failure_grace", DEFAULT_FAILURE_GRACE)
         grace = self.failure_grace
         if not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
             raise ConfigError(f"failure_grace {grace!r} (--failure_grace) must be a number of "
                               "seconds >= 0 (0 stops the other processes at once)")
+
+    def metrics_port_of(self, role, index):
+        """The metrics port of a process (server i: BASE+i, worker j: BASE+servers+j), or None."""
+        if self.metrics_port is None:
+            return None
+        return self.metrics_port + (index if role == "server" else len(self.server_endpoints) + index)
 
     @property
     def is_local(self) -> bool:
@@ -180,7 +207,7 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
         ConfigError: role is not "server" or "worker", or index is out of range.
 
     FLEET_BIND_HOST is set for the servers of ``config.bind_any``, FLEET_CURVE_KEYS_DIR
-    when ``config.keys_dir`` is given.
+    when ``config.keys_dir`` is given, FLEET_METRICS_PORT when ``config.metrics_port`` is.
     """
     if role not in ("server", "worker"):
         raise ConfigError(f"role {role!r} is neither 'server' nor 'worker'")
@@ -190,6 +217,8 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
         raise ConfigError(f"{role} {index} does not exist: the job has {count} {role}s")
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in ROLE_VARIABLES and k not in STALE_VARIABLES}
+    if config.metrics_port is not None:
+        env[METRICS_PORT_ENV] = str(config.metrics_port_of(role, index))
     if config.is_local:
         return env
     host, port = parse_endpoint(endpoints[index], f"{role} {index}'s endpoint")

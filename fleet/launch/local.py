@@ -12,12 +12,13 @@ import sys
 import threading
 import time
 
-from fleet.endpoints import parse_endpoint
+from fleet.endpoints import join_endpoint, parse_endpoint
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (EXIT_OK, EXIT_PROCESS_FAILED, EXIT_TIMEOUT, LaunchConfig,
                                  process_environment)
 from fleet.launch.report import (SAY_LOGGER, TAIL_LINES, last_error, plural, say, signal_name,
                                  tail)
+from fleet.launch.summary import LiveSummary
 from fleet.logs import WaitLog, wait_log_ms
 
 _POLL_SECONDS = 0.05
@@ -64,8 +65,17 @@ def _check_ready(config):
             problem = _probe_port(host, port)
             if problem:
                 problems.append(f"{role} {i}'s endpoint {endpoint}: {problem}")
+    for role, i in _processes_here(config):
+        port = config.metrics_port_of(role, i)
+        if port is not None:
+            host = _metrics_bind_host(config, role, i)
+            problem = _probe_port(host, port)
+            if problem:
+                problems.append(f"{role} {i}'s metrics port {port} (--metrics_port "
+                                f"{config.metrics_port} + {port - config.metrics_port}): {problem}")
     if problems:
-        fix = ("Free the port, choose another --start_port, or leave out "
+        other = " (or --metrics_port)" if any("metrics port" in p for p in problems) else ""
+        fix = (f"Free the port, choose another --start_port{other}, or leave out "
                "--start_port/--servers/--workers to get free ports"
                if any("already in use" in p for p in problems) else
                "Give endpoints this machine can bind, such as 127.0.0.1:PORT")
@@ -75,6 +85,27 @@ def _check_ready(config):
     except OSError as e:
         raise ConfigError(f"cannot create the log directory {config.log_dir!r} "
                           f"({e.strerror}); give a writable --log_dir") from e
+
+
+def _processes_here(config):
+    return [("server", i) for i in config.here("server")] + [("worker", i) for i in config.here("worker")]
+
+
+def _metrics_bind_host(config, role, index):
+    """The address a process's metrics endpoint binds (as ``fleet.telemetry.start``
+    chooses it): the wildcard for servers of ``bind_any`` and in local training, else its
+    endpoint's host."""
+    endpoints = config.server_endpoints if role == "server" else config.worker_endpoints
+    if index >= len(endpoints) or (role == "server" and index in config.bind_any):
+        return "0.0.0.0"
+    return parse_endpoint(endpoints[index], f"{role} {index}'s endpoint")[0]
+
+
+def metrics_url(config, role, index):
+    """Where fleetrun reads a process's metrics (loopback for a wildcard binding)."""
+    host = _metrics_bind_host(config, role, index)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://{join_endpoint(host, config.metrics_port_of(role, index))}/metrics"
 
 
 def _probe_port(host, port):
@@ -289,6 +320,7 @@ class _Job:
 
     def run(self):
         streamer = None
+        summary = None
         code = None
         try:
             if self.config.stop_on_stdin_eof:
@@ -298,9 +330,14 @@ class _Job:
             if first:
                 streamer = _LogStreamer(first[0].log_path)
                 streamer.start()
+            if self.config.live_summary is not None:
+                summary = LiveSummary(self._summary_targets, self.config.live_summary)
+                summary.start()
             code = self._watch()
             return code
         finally:
+            if summary is not None:
+                summary.stop()
             self._stop(self._running(), "fleetrun ended")
             self._kill_leftover_groups()
             if streamer is not None:
@@ -445,6 +482,10 @@ class _Job:
 
     def _running(self):
         return [ch for ch in self.children if ch.returncode is None]
+
+    def _summary_targets(self):
+        """(name, role, metrics url) of the processes still running (--live_summary)."""
+        return [(ch.name, ch.role, metrics_url(self.config, ch.role, ch.index)) for ch in self._running()]
 
     # -- ending ------------------------------------------------------------------------
     def _on_failure(self, first):

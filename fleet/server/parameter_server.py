@@ -55,7 +55,7 @@ from fleet.server.checkpoint import ShardCursor, load_server_state
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
 from fleet.transpiler.plan import DISTRIBUTED
-from fleet.transport.settings import HEARTBEAT_TIMEOUT_MS_ENV
+from fleet.transport.settings import HEARTBEAT_TIMEOUT_MS_ENV, WORKER_CONNECT_TIMEOUT_MS_ENV
 
 log = logging.getLogger("fleet.server")
 
@@ -63,6 +63,14 @@ log = logging.getLogger("fleet.server")
 _READ_OPS = frozenset(("pull_dense", "pull_sparse"))
 # Ops that change the parameters: counted in ``updates`` (checkpoint_info reports it).
 _UPDATE_OPS = frozenset(("push", "sync_push", "geo_push"))
+
+
+def _wait(ids):
+    return "waits" if len(ids) == 1 else "wait"
+
+
+def _workers_phrase(ids):
+    return ("worker " if len(ids) == 1 else "workers ") + ", ".join(map(str, ids))
 
 
 class ParameterServer:
@@ -119,6 +127,7 @@ class ParameterServer:
         self._exchange = {}  # worker -> (request, blobs)
         self._bak = {}  # (worker, block) -> param copy at the worker's last pull (DC-ASGD)
         self.requests = 0
+        self.op_requests = {}  # op -> requests handled (telemetry; written by the handling thread only)
         self.last_seen = {}
         self._cursors = {}  # (worker, table) -> ShardCursor of a table read out for saving
         self.loaded = {"dirname": None, "save_id": None, "step": None, "epoch": None}
@@ -151,6 +160,11 @@ class ParameterServer:
             self._parked_since[kind] = time.monotonic()
         parked[req.worker] = req
 
+    def parked_counts(self):
+        """{"sync", "barrier", "exchange": requests parked now} (for telemetry). Never blocks;
+        safe from any thread (reads only the sizes)."""
+        return {"sync": len(self._sync), "barrier": len(self._barrier), "exchange": len(self._exchange)}
+
     def waits(self):
         """What parked requests wait for: a list of (what, since, arrived, missing), one per
         kind of wait that has requests parked ("the sync step", "barrier_worker",
@@ -179,6 +193,7 @@ class ParameterServer:
         handler = getattr(self, "_op_" + str(req.op), None)
         if handler is None:
             raise DataError(f"unknown op {req.op!r}")
+        self.op_requests[req.op] = self.op_requests.get(req.op, 0) + 1  # known ops only: a bounded dict
         if req.op not in _READ_OPS and not 0 <= req.worker < self.workers:
             raise DataError(f"worker id {req.worker} is not a worker of this job (ids 0..{self.workers - 1}); "
                             f"{req.op!r} refused")
@@ -343,6 +358,7 @@ class ParameterServer:
         req.defer()
         self._park("sync", self._sync, req)
         self._maybe_finish_sync()
+        self._check_crossed_waits()
 
     def _maybe_finish_sync(self):
         waiting = set(self._sync)
@@ -402,6 +418,32 @@ class ParameterServer:
         req.defer()
         self._park("barrier", self._barrier, req)
         self._maybe_release_barrier()
+        self._check_crossed_waits()
+
+    def _check_crossed_waits(self):
+        """Fails the job when every worker still training waits, some in a sync step and the
+        others at the barrier: neither can ever complete (the workers ran different numbers
+        of sync steps, e.g. unequal shards), so they are told now instead of after
+        FLEET_RPC_TIMEOUT_MS."""
+        if not self._sync or not self._barrier or self.failure is not None:
+            return
+        if not (self.live - self.stopped) <= (set(self._sync) | set(self._barrier)):
+            return
+        self.failure = (
+            f"{_workers_phrase(sorted(self._sync))} {_wait(self._sync)} in a sync step while "
+            f"{_workers_phrase(sorted(self._barrier))} {_wait(self._barrier)} at fleet.barrier_worker(): "
+            "the workers ran "
+            "different numbers of sync steps, so neither wait can end. In sync training every worker must "
+            "run the same number of steps per pass: give each worker the same number of batches (files "
+            "of equal line counts, as many per worker), or end the pass with fleet.stop_worker() instead "
+            "of a barrier")
+        log.error("server %s: %s", self.endpoint, self.failure)
+        for parked in (self._sync, self._barrier):
+            for w, r in list(parked.items()):
+                if not r.answered:
+                    r.reply_error(self.failure)
+                self.told.add(w)
+            parked.clear()
 
     def _maybe_release_barrier(self):
         if self._barrier and (self.live - self.stopped) <= set(self._barrier):
@@ -465,12 +507,14 @@ class ParameterServer:
                 self.told.add(w)
             parked.clear()
 
-    def check_liveness(self, last_heard, timeout_s, now=None):
+    def check_liveness(self, last_heard, timeout_s, now=None, since=None, first_contact_s=None):
         """Fails every worker not heard from for longer than ``timeout_s`` (see fail_worker).
 
-        A worker never heard from is not timed out: schedulers start processes at
-        different times, and a worker that cannot reach the servers fails by itself
-        (FLEET_CONNECT_TIMEOUT_MS).
+        A worker never heard from is not timed out by the heartbeat bound: schedulers start
+        processes at different times, and a worker that cannot reach the servers fails by
+        itself (FLEET_CONNECT_TIMEOUT_MS). It is failed once ``first_contact_s`` seconds have
+        passed since ``since`` (when the server started serving) without a word from it
+        (FLEET_WORKER_CONNECT_TIMEOUT_MS): a host whose processes were never started.
 
         Args:
             last_heard: {worker id: time.monotonic() of its last message} (the socket's).
@@ -480,7 +524,14 @@ class ParameterServer:
         now = time.monotonic() if now is None else now
         for worker in range(self.workers):
             heard = last_heard.get(worker)
-            if heard is None or worker in self.stopped or worker in self.lost:
+            if worker in self.stopped or worker in self.lost:
+                continue
+            if heard is None:
+                if first_contact_s is not None and since is not None and now - since > first_contact_s:
+                    self.fail_worker(worker, (
+                        f"it never connected: nothing came from it in the {now - since:.0f} s this server "
+                        f"has been serving ({WORKER_CONNECT_TIMEOUT_MS_ENV}={round(first_contact_s * 1000)})"
+                        f"{self._where(worker, 'started')}; check that every host's processes were started"))
                 continue
             silence = now - heard
             if silence > timeout_s:
@@ -489,10 +540,12 @@ class ParameterServer:
                     f"{round(timeout_s * 1000)}) without calling fleet.stop_worker(); it is probably dead"
                     f"{self._where(worker)} (see its log, workerlog.{worker} under fleetrun)"))
 
-    def _where(self, worker):
+    def _where(self, worker, how="unreachable"):
         """ ", or its host HOST unreachable" when the worker's endpoint is known, else ""."""
         if worker < len(self.worker_endpoints):
             host = split_endpoint(self.worker_endpoints[worker])[0]
+            if how == "started":
+                return f" (was it started on its host {host}?)"
             return f", or its host {host} unreachable"
         return ""
 

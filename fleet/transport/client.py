@@ -23,6 +23,7 @@ import zmq
 from fleet.errors import FleetTimeoutError, ServerError, TransportError
 from fleet.logs import WaitLog, wait_log_ms
 from fleet.transport import message, settings
+from fleet.transport.counters import WIRE, frames_bytes
 from fleet.transport.curve import KEYS_DIR_ENV
 from fleet.transport.server import PING_OP, parse_endpoint
 
@@ -46,12 +47,15 @@ class Client:
         max_message_bytes: largest request sent (default FLEET_MAX_MESSAGE_BYTES).
         liveness: an object with ``check()`` (raises when the job cannot go on) and
             ``check_ms``, or None.
+        counters: the ``WireCounters`` that count this client's requests, replies and
+            their bytes (default: the process-wide ``fleet.transport.counters.WIRE``).
 
     Raises:
         ConfigError: a bad endpoint or incomplete CURVE keys.
     """
 
-    def __init__(self, endpoint, worker_id, curve=None, timeout_ms=None, max_message_bytes=None, liveness=None):
+    def __init__(self, endpoint, worker_id, curve=None, timeout_ms=None, max_message_bytes=None, liveness=None,
+                 counters=None):
         parse_endpoint(endpoint)
         self.endpoint = endpoint
         self.worker_id = int(worker_id)
@@ -59,6 +63,7 @@ class Client:
         self.timeout_ms = int(timeout_ms or settings.rpc_timeout_ms())
         self.max_message_bytes = max_message_bytes or settings.max_message_bytes()
         self.liveness = liveness
+        self.counters = WIRE if counters is None else counters
         self._wait_first_s = wait_log_ms() / 1000.0
         self._lock = threading.RLock()
         self._seq = 0
@@ -121,6 +126,7 @@ class Client:
                 ) from None
             self._seq = seq
             self._pending[seq] = op
+            self.counters.sent(op, frames_bytes(frames))
             return seq
 
     def recv_reply(self, seq, timeout_ms=None):
@@ -214,6 +220,8 @@ class Client:
         except TransportError as e:
             raise TransportError(f"server {self.endpoint} sent a malformed reply: {e}") from e
         seq = reply.header["seq"]
+        # counted under the op this client sent (a late reply under "stale"), never a name the peer chose
+        self.counters.received(self._pending.get(seq, "stale"), frames_bytes(frames))
         if seq in self._pending:
             self._arrived[seq] = reply
         else:

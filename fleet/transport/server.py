@@ -26,6 +26,7 @@ import zmq
 from fleet import endpoints
 from fleet.errors import ConfigError, FleetError, FleetTimeoutError, TransportError
 from fleet.transport import message, settings
+from fleet.transport.counters import frames_bytes
 from fleet.transport.curve import zap_registry
 
 log = logging.getLogger("fleet.transport")
@@ -284,10 +285,12 @@ class ServerSocket:
 
     def stats(self):
         """Returns a dict of counters: received, replies, error_replies, malformed, dropped,
-        handler_errors, pings, heartbeats, deferred, send_failures, internal_errors.
-        Thread-safe (a snapshot)."""
+        handler_errors, pings, heartbeats, deferred, send_failures, internal_errors, and
+        received_bytes / sent_bytes (the frames of every message received and reply sent,
+        routing identity excluded). Thread-safe (a snapshot)."""
         keys = ("received", "replies", "error_replies", "malformed", "dropped", "handler_errors",
-                "pings", "heartbeats", "deferred", "send_failures", "internal_errors")
+                "pings", "heartbeats", "deferred", "send_failures", "internal_errors", "received_bytes",
+                "sent_bytes")
         with self._stats_lock:
             snapshot = dict(self._stats)
         return {k: snapshot.get(k, 0) for k in keys}
@@ -331,7 +334,9 @@ class ServerSocket:
     # ---------------------------------------------------------------------- private
 
     def _handle(self, take, frames):
-        self._count("received")
+        with self._stats_lock:
+            self._stats["received"] += 1
+            self._stats["received_bytes"] += frames_bytes(frames) - len(frames[0]) if frames else 0
         if len(frames) < 2:
             self._count("dropped")
             return
@@ -426,13 +431,18 @@ class ServerSocket:
             self._send(identity, frames)
 
     def _send(self, identity, frames):
-        self._count("replies")  # before sending, so a peer that got its reply sees it counted
+        nbytes = frames_bytes(frames)
+        with self._stats_lock:  # before sending, so a peer that got its reply sees it counted
+            self._stats["replies"] += 1
+            self._stats["sent_bytes"] += nbytes
         try:
             # ROUTER drops a message to a peer that is gone or whose queue is full
             self._sock.send_multipart([identity, *frames], copy=False)
         except zmq.ZMQError as e:
-            self._count("replies", -1)
-            self._count("send_failures")
+            with self._stats_lock:
+                self._stats["replies"] -= 1
+                self._stats["sent_bytes"] -= nbytes
+                self._stats["send_failures"] += 1
             log.warning("could not send a reply from %s: %s", self.endpoint, e)
 
     def _drain_wake(self):

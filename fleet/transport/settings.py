@@ -15,9 +15,11 @@ MAX_MESSAGE_BYTES_ENV = "FLEET_MAX_MESSAGE_BYTES"
 HEARTBEAT_MS_ENV = "FLEET_HEARTBEAT_MS"
 HEARTBEAT_TIMEOUT_MS_ENV = "FLEET_HEARTBEAT_TIMEOUT_MS"
 BIND_HOST_ENV = "FLEET_BIND_HOST"
+WORKER_CONNECT_TIMEOUT_MS_ENV = "FLEET_WORKER_CONNECT_TIMEOUT_MS"
 
 DEFAULT_RPC_TIMEOUT_MS = 60_000
 DEFAULT_CONNECT_TIMEOUT_MS = 60_000
+DEFAULT_WORKER_CONNECT_TIMEOUT_MS = 600_000
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 DEFAULT_HEARTBEAT_MS = 1_000
 DEFAULT_HEARTBEAT_TIMEOUT_MS = 15_000
@@ -31,6 +33,13 @@ def rpc_timeout_ms():
 def connect_timeout_ms():
     """Default time ``wait_for_servers`` waits for every server: FLEET_CONNECT_TIMEOUT_MS (60000)."""
     return _positive_int(CONNECT_TIMEOUT_MS_ENV, DEFAULT_CONNECT_TIMEOUT_MS)
+
+
+def worker_connect_timeout_ms():
+    """How long a server waits for each worker's first message before it fails the job
+    naming the workers that never came: FLEET_WORKER_CONNECT_TIMEOUT_MS (600000; schedulers
+    may start a job's processes minutes apart)."""
+    return _positive_int(WORKER_CONNECT_TIMEOUT_MS_ENV, DEFAULT_WORKER_CONNECT_TIMEOUT_MS)
 
 
 def max_message_bytes():
@@ -96,4 +105,5 @@ _MEANINGS = {
     MAX_MESSAGE_BYTES_ENV: "the largest message in bytes",
     HEARTBEAT_MS_ENV: "the milliseconds between heartbeats",
     HEARTBEAT_TIMEOUT_MS_ENV: "the milliseconds of silence after which a peer counts as dead",
+    WORKER_CONNECT_TIMEOUT_MS_ENV: "the milliseconds a server waits for each worker's first message",
 }

@@ -27,7 +27,7 @@ def _endpoints(cluster):
     return ",".join(servers), ",".join(workers)
 
 
-def _start_on_every_host(cluster, tmp_path, data, strategy, keys, epochs=1, env=None,
+def _start_on_every_host(cluster, tmp_path, data, strategy, keys, epochs=None, env=None,
                          hosts=None):
     """The same fleetrun command on each host; returns (model dir, {host: (Popen, dir)})."""
     servers, workers = _endpoints(cluster)

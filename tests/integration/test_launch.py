@@ -525,7 +525,7 @@ def test_help_is_the_manual_of_every_option_variable_log_and_exit_code(fleetrun)
     assert r.returncode == 0
     for word in ("--server_num", "--worker_num", "--servers", "--workers", "--start_port",
                  "--log_dir", "--timeout", "--server_exit_timeout", "--kill_timeout",
-                 "--failure_grace",
+                 "--failure_grace", "--metrics_port", "--live_summary", "FLEET_METRICS_PORT",
                  "TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS",
                  "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT",
                  "serverlog.N", "workerlog.N", "exit codes:", "124", "130", "143",

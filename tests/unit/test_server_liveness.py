@@ -266,3 +266,45 @@ def test_the_server_watch_logs_workers_to_connect_parked_steps_and_workers_to_st
         f"waiting for 2 workers to connect to server 0 ({ENDPOINT}) (1 of 2 connected; not yet worker 1)",
         "waiting for worker 1 at the sync step on server 0 (1 of 2 arrived)",
         "waiting for worker 0 to call fleet.stop_worker() (server 0 serves until every worker did) (1 of 2 stopped)"]
+
+
+def test_a_worker_that_never_connects_fails_the_job_after_the_first_contact_bound():
+    ps = make_server("sync", workers=3)
+    ps.worker_endpoints = ("10.0.0.1:6171", "10.0.0.2:6171", "10.0.0.3:6171")
+    heard = {0: 100.0, 1: 100.0}
+    ps.check_liveness(heard, timeout_s=2.0, now=100.0, since=0.0, first_contact_s=600.0)
+    assert ps.failure is None  # within the bound: a slow scheduler is not a failure
+    heard = {0: 601.0, 1: 600.5}
+    ps.check_liveness(heard, timeout_s=2.0, now=601.0, since=0.0, first_contact_s=600.0)
+    assert ps.lost == {2: "it never connected: nothing came from it in the 601 s this server has been "
+                          "serving (FLEET_WORKER_CONNECT_TIMEOUT_MS=600000) (was it started on its host "
+                          "10.0.0.3?); check that every host's processes were started"}
+    assert ps.failure.startswith("worker 2 was lost: it never connected")
+    # without a bound (first_contact_s None) a silent worker is never failed for silence alone
+    other = make_server("sync", workers=2)
+    other.check_liveness({0: 5000.0}, timeout_s=2.0, now=5000.0, since=0.0)
+    assert other.failure is None
+
+
+def test_workers_split_between_a_sync_step_and_the_barrier_are_told_at_once():
+    ps = make_server("sync", workers=3)
+    step = sync_step(ps, 0, 1.0)                       # worker 0 has one more batch
+    first = handle(ps, "barrier", 1)                   # workers 1 and 2 ran out of data
+    assert not step.answered and not first.answered    # worker 2 may still come to either
+    second = handle(ps, "barrier", 2)
+    expected = ("worker 0 waits in a sync step while workers 1, 2 wait at fleet.barrier_worker(): "
+                "the workers ran different numbers of sync steps, so neither wait can end. In sync training "
+                "every worker must run the same number of steps per pass: give each worker the same number "
+                "of batches (files of equal line counts, as many per worker), or end the pass with "
+                "fleet.stop_worker() instead of a barrier")
+    assert [r.answer for r in (step, first, second)] == [("error", expected)] * 3
+    assert ps.failure == expected
+    np.testing.assert_array_equal(w_value(ps), 1.0)    # the incomplete step was not applied
+
+
+def test_a_barrier_after_equal_steps_is_not_a_crossed_wait():
+    ps = make_server("sync", workers=2)
+    steps = [sync_step(ps, 0, 1.0), sync_step(ps, 1, 3.0)]
+    assert all(r.answer[0] == "ok" for r in steps)
+    barriers = [handle(ps, "barrier", 0), handle(ps, "barrier", 1)]
+    assert all(r.answer[0] == "ok" for r in barriers) and ps.failure is None

@@ -1,7 +1,7 @@
 """A small model for the liveness and hostile-input tests, run under fleetrun.
 
-Usage: live_model.py MODE OUT_DIR STEPS BATCH [--forever] [--step-sleep S] [--hold STEP]
-                     [--occupy-own-port]
+Usage: live_model.py MODE OUT_DIR STEPS BATCH [--forever | --until-stop] [--step-sleep S]
+                     [--hold STEP] [--occupy-own-port]
 
 Every process writes OUT_DIR/<tag>.pid (tag: server0, worker1, ...). Each worker trains
 on its half of every global batch of 2*BATCH examples (the same data on every run), writes
@@ -9,6 +9,8 @@ OUT_DIR/<tag>.training after its first step, and at the end OUT_DIR/<tag>.npz wi
 parameters the servers hold after every worker finished.
 
   --forever          cycle over the STEPS batches until the job fails (kill tests)
+  --until-stop       cycle over the STEPS batches until OUT_DIR/stop exists (at most 120 s),
+                     then end as usual (telemetry tests watch a job while it trains)
   --step-sleep S     sleep S seconds after each step (keeps a job running, cheaply)
   --hold STEP        before step STEP, write <tag>.held and wait for OUT_DIR/go (60 s)
   --occupy-own-port  a server binds its own port before run_server, as another program
@@ -30,6 +32,7 @@ from strategies import DistributedStrategyFactory
 mode, out_dir, steps, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 options = sys.argv[5:]
 forever = "--forever" in options
+until_stop = "--until-stop" in options
 step_sleep = float(options[options.index("--step-sleep") + 1]) if "--step-sleep" in options else 0.0
 hold = int(options[options.index("--hold") + 1]) if "--hold" in options else -1
 
@@ -96,7 +99,12 @@ else:
     fleet.init_worker()
     exe = fleet.Executor()
     exe.run(fleet.startup_program)
-    for step in itertools.count() if forever else range(steps):
+    stop_deadline = time.monotonic() + 120
+    for step in itertools.count() if forever or until_stop else range(steps):
+        if until_stop and os.path.exists(os.path.join(out_dir, "stop")):
+            break
+        if until_stop and time.monotonic() > stop_deadline:
+            sys.exit(f"{tag}: no {out_dir}/stop within 120 s")
         if step == hold:
             wait_for_go()
         exe.run(fleet.main_program, feed=feed(step), fetch_list=[loss])
