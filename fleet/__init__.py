@@ -55,7 +55,7 @@ _EXPORTS = {
 }
 
 _SUBMODULES = {"layers", "optimizer", "initializer", "errors", "data_generator", "framework",
-               "kernels", "dataset", "regularizer"}
+               "kernels", "dataset", "regularizer", "metrics"}
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES | set(_FLEET_METHODS) | set(_FLEET_ATTRS))
 

@@ -13,12 +13,13 @@ safe anywhere.
 """
 import logging
 import os
+import threading
 import uuid
 
 import numpy as np
 
 from fleet import telemetry
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
 from fleet.framework.hooks import set_program_rewriter
@@ -49,6 +50,8 @@ class Fleet:
         self.startup_program = None
         self._runtime = None
         self._executor = None
+        self._group = None  # the workers' WorkerGroup of fleet.metrics (made on first use)
+        self._group_lock = threading.Lock()
 
     # ------------------------------------------------------------- roles
     def init(self, role_maker=None):
@@ -69,6 +72,7 @@ class Fleet:
             raise TypeError("role_maker must be an instance of RoleMakerBase")
         install_default_handler()  # fleet's INFO messages reach stderr unless logging is configured
         role_maker.generate_role()
+        self._close_group()  # a previous job's metric group
         self._role_maker = role_maker
         self._is_initialized = True
         telemetry.start(self)  # describes this process; serves its metrics if FLEET_METRICS_PORT is set
@@ -147,6 +151,72 @@ class Fleet:
         if not self.is_local() and self.worker_num() > 1:
             raise ConfigError("barrier_worker needs the workers connected: call fleet.init_worker() first")
         return None
+
+    def _metric_group(self, what):
+        """The group a global metric reduces over, or None when this process is the job's
+        only worker (local training, fleet not initialized, a job of one worker).
+
+        A communicator that trains over a worker group (collective training, hybrid) lends
+        it; otherwise the workers of a parameter-server job form one from the role maker's
+        worker endpoints on first use (a bounded wait for every worker), kept until
+        ``stop_worker()``.
+
+        Args:
+            what: the caller, for errors (e.g. "fleet.metrics.auc").
+
+        Raises:
+            ConfigError: this process is a server, or the worker endpoints are unknown.
+        """
+        if not self._is_initialized:
+            return None
+        if self.is_server():
+            raise ConfigError(
+                f"{what} is for workers: this process is server {self.server_index()}, and servers hold no "
+                f"metrics and do not join the workers' group; call it in the worker branch of the script "
+                f"(if fleet.is_worker(): ...), on every worker")
+        lent = self._runtime_group(what)
+        if lent is not None:
+            return lent
+        if self.is_local() or self.worker_num() == 1:
+            return None
+        with self._group_lock:
+            if self._group is None:
+                from fleet.transport.group import group_from_env
+
+                log.info("%s: worker %d of %d joins the workers' group for global metrics (every worker "
+                         "must call the same fleet.metrics functions in the same order)", what,
+                         self.worker_index(), self.worker_num())
+                try:
+                    self._group = group_from_env(self._role_maker)
+                except FleetTimeoutError as e:
+                    raise FleetTimeoutError(
+                        f"{what}: the workers' group for global metrics did not form: {e}. Every worker makes the "
+                        f"same fleet.metrics calls; a worker that makes none, or its first one more than "
+                        f"FLEET_CONNECT_TIMEOUT_MS after the others, leaves them waiting") from e
+            return self._group
+
+    def _runtime_group(self, what):
+        """The worker group this worker's communicator trains with (collective, hybrid:
+        ``comm.uses_worker_group``), or None when it has none.
+
+        Raises:
+            ConfigError: the communicator uses a group, but it is not joined (before
+                ``init_worker()`` or after ``stop_worker()``).
+        """
+        comm = getattr(self._runtime, "comm", None)
+        if not getattr(comm, "uses_worker_group", False):
+            return None
+        group = getattr(comm, "group", None)
+        if group is None:
+            raise ConfigError(f"{what} runs over the workers' group this job trains with, which this worker has "
+                              f"not joined: call it after fleet.init_worker() and before fleet.stop_worker()")
+        return group
+
+    def _close_group(self):
+        with self._group_lock:
+            group, self._group = self._group, None
+        if group is not None:
+            group.close()
 
     def _all_to_all(self, blobs):
         """Exchanges byte strings between workers (used by InMemoryDataset.global_shuffle)."""
@@ -256,9 +326,13 @@ class Fleet:
 
     def stop_worker(self):
         """Flushes pending updates and tells the servers this worker is done (a collective
-        worker: has the last round with the other workers and leaves their group)."""
-        if self._runtime is not None and self.is_worker():
-            self._runtime.stop_worker()
+        worker: has the last round with the other workers and leaves their group); closes
+        the workers' group of ``fleet.metrics``, if one was made."""
+        try:
+            if self._runtime is not None and self.is_worker():
+                self._runtime.stop_worker()
+        finally:
+            self._close_group()
         if self._executor is not None:
             self._executor.close()
 

@@ -9,18 +9,24 @@ With mpirun:  mpirun -np 4 python train.py --role_maker mpi --data_dir data --st
 
 Each worker trains on its share of the train files (``fleet.split_files``), the first
 worker saves the model after every epoch to ``<model_dir>/epoch_N`` and appends a JSON
-line per printed batch to ``<model_dir>/metrics.jsonl`` (time, epoch, batch,
-examples/s, loss, auc).
+line every 2 seconds of training to ``<model_dir>/metrics.jsonl`` (time, epoch, loss,
+auc), plus one per epoch with the job's figures (global_auc, loss, examples, workers).
 
 Each worker ends every epoch with a line ``epoch N: <examples> examples, <rate> examples/s,
 train auc <auc>, pass <start>-<end> (Unix time)``: the pass's wall-clock span lets a
-benchmark time a job across workers that did not start at the same moment.
+benchmark time a job across workers that did not start at the same moment. Then every
+worker merges its AUC buckets with the others' (``fleet.metrics.auc``, a collective call)
+and the first worker prints ``epoch N: global auc <auc> over <W> workers``: the AUC of the
+epoch's training predictions of every worker together. The AUC states are zeroed at the
+start of each epoch, so both AUCs are the epoch's own.
 """
 import argparse
 import glob
 import json
 import os
 import time
+
+import numpy as np
 
 import fleet
 from fleet import optimizer
@@ -112,12 +118,28 @@ def thread_batch_size(args):
     return args.batch_size // share
 
 
+def job_metrics(summary, auc_states):
+    """The epoch's figures over every worker (collective calls: every worker calls this).
+
+    Returns:
+        {"global_auc": AUC of every worker's predictions of the epoch together (their
+        buckets merged), "loss": the mean over workers of each one's last batch loss,
+        "examples": examples trained by all workers, "workers": how many}.
+    """
+    _, _, stat_pos, stat_neg = auc_states
+    global_auc = fleet.metrics.auc(stat_pos, stat_neg)
+    last_loss = float(summary["fetch"]["loss"].reshape(-1)[0])
+    loss, examples = fleet.metrics.sum(np.array([last_loss, summary["examples"]], dtype=np.float64))
+    workers = fleet.worker_num()
+    return {"global_auc": global_auc, "loss": loss / workers, "examples": int(examples), "workers": workers}
+
+
 def main(argv=None):
     args = parse_args(argv)
     collective = args.strategy == "collective" and "PADDLE_TRAINER_ENDPOINTS" in os.environ  # else: local
     fleet.init(MPISymetricRoleMaker() if args.role_maker == "mpi" else PaddleCloudRoleMaker(is_collective=collective))
     fleet.default_startup_program().random_seed = args.seed
-    inputs, avg_cost, auc, batch_auc, _, _ = ctr_dnn_model(args.sparse_feature_dim)
+    inputs, avg_cost, auc, batch_auc, _, auc_states = ctr_dnn_model(args.sparse_feature_dim)
     fleet.distributed_optimizer(make_optimizer(args), make_strategy(args)).minimize(avg_cost)
 
     if fleet.is_server():
@@ -143,7 +165,10 @@ def main(argv=None):
     dataset.set_filelist(my_files)
     os.makedirs(args.model_dir, exist_ok=True)
     metrics = os.path.join(args.model_dir, "metrics.jsonl")
+    scope = fleet.global_scope()
     for epoch in range(args.epochs):
+        for state in auc_states:  # the epoch's AUC, not the run's so far
+            scope[state.name][...] = 0
         handler = MetricsLog(metrics, {"loss": avg_cost, "auc": auc}, epoch) if fleet.is_first_worker() else None
         started = time.time()
         summary = exe.train_from_dataset(fleet.main_program, dataset, fetch_list=[avg_cost, auc],
@@ -152,12 +177,17 @@ def main(argv=None):
         print(f"epoch {epoch}: {summary['examples']} examples, {summary['examples_per_sec']:,.0f} examples/s, "
               f"train auc {float(summary['fetch'].get('auc', [float('nan')])[0]):.4f}, "
               f"pass {started:.3f}-{time.time():.3f} (Unix time)", flush=True)
+        job = job_metrics(summary, auc_states)  # every worker takes part
+        if fleet.is_first_worker():
+            workers = fleet.worker_num()
+            print(f"epoch {epoch}: global auc {job['global_auc']:.4f} over {workers} "
+                  f"worker{'s' if workers > 1 else ''}", flush=True)
         if not fleet.is_local():  # the saved model holds every worker's updates of this epoch
             fleet.barrier_worker()
         if fleet.is_first_worker():
             with open(metrics, "a") as f:
-                f.write(json.dumps({"epoch": epoch, "examples": summary["examples"],
-                                    "examples_per_sec": summary["examples_per_sec"], "final": True}) + "\n")
+                f.write(json.dumps({"epoch": epoch, "examples_per_sec": summary["examples_per_sec"], **job,
+                                    "final": True}) + "\n")
             fleet.save_persistables(exe, os.path.join(args.model_dir, f"epoch_{epoch}"))
     fleet.stop_worker()
 

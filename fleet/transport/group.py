@@ -21,7 +21,7 @@ call returns while ZeroMQ still reads memory the caller owns) and received as vi
 the frames. A message of an operation that already ended (a late or duplicate frame) is
 dropped and counted; one of a later operation waits in an inbox for it.
 
-Algorithms: arrays of ``ring_min_bytes`` (RING_MIN_BYTES, 64 KiB) or more go round a
+Algorithms: arrays of ``ring_min_bytes`` (RING_MIN_BYTES, 512 KiB) or more go round a
 ring: reduce-scatter then all-gather, every segment cut into chunks of ``chunk_bytes``
 (CHUNK_BYTES, 1 MiB) and each chunk sent on as soon as it is reduced, so the transfer of
 one chunk overlaps the reduction of the next (bandwidth-optimal: each rank sends and
@@ -68,8 +68,11 @@ from fleet.transport.curve import KEYS_DIR_ENV, CurveConfig, check_curve_availab
 
 log = logging.getLogger("fleet.transport")
 
-RING_MIN_BYTES = 64 * 1024
-"""Arrays of at least this many bytes go round the ring; smaller ones by direct exchange."""
+RING_MIN_BYTES = 512 * 1024
+"""Arrays of at least this many bytes go round the ring; smaller ones by direct exchange.
+Measured by benchmarks/bench_collective.py: on one host (2 cores, loopback) the direct
+exchange was faster up to 256 KiB and the ring from 512 KiB-1 MiB on, for 2 to 4 ranks.
+Over links slower than the CPU, the ring pays off earlier: lower ``ring_min_bytes``."""
 CHUNK_BYTES = 1 << 20
 """Largest piece of a ring segment sent in one message (the unit of pipelining)."""
 REDUCE_OPS = ("sum", "mean", "max", "min")

@@ -38,8 +38,15 @@ def test_ctr_dnn_with_two_servers_and_two_workers_is_within_002_auc_of_local(dat
     data, local_auc = data_and_local
     assert local_auc > 0.75  # the planted signal was learned
     model = tmp_path / strategy
-    _run(["-m", "fleet.launch", "--server_num", "2", "--worker_num", "2", "--log_dir", str(model / "log"),
-          "train.py", "--data_dir", str(data), "--model_dir", str(model), "--epochs", str(EPOCHS),
-          "--strategy", strategy, "--geo_k", "20", "--print_period", "0"], EXAMPLE)
+    out = _run(["-m", "fleet.launch", "--server_num", "2", "--worker_num", "2", "--log_dir", str(model / "log"),
+                "train.py", "--data_dir", str(data), "--model_dir", str(model), "--epochs", str(EPOCHS),
+                "--strategy", strategy, "--geo_k", "20", "--print_period", "0"], EXAMPLE)
     auc = _test_auc(model, data)
     assert abs(auc - local_auc) < 0.02, (strategy, auc, local_auc)
+    # worker 0 printed the global AUC of each epoch, and wrote it with the job's figures
+    with open(model / "metrics.jsonl") as f:
+        epochs = [json.loads(line) for line in f if '"final"' in line]
+    assert [(e["epoch"], e["workers"], e["examples"]) for e in epochs] == [(i, 2, 120000) for i in range(EPOCHS)]
+    for e in epochs:
+        assert f"epoch {e['epoch']}: global auc {e['global_auc']:.4f} over 2 workers" in out
+        assert 0.5 < e["global_auc"] < 1 and 0 < e["loss"] < 1

@@ -210,19 +210,25 @@ def test_broadcast_gives_the_root_s_array_everywhere(groups, n, dtype, shape, ro
 def test_the_ring_path_with_many_chunks_per_segment_and_large_arrays(groups):
     ranks = groups[4]
     set_path(ranks, ring=True, chunk_bytes=4096)
-    parts = [data(r, "float32", (100_003,), 7) for r in range(4)]
+    parts = [data(r, "float32", (200_003,), 7) for r in range(4)]
     results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "sum")))
     np.testing.assert_allclose(results[0], sum(parts[1:], parts[0]), rtol=1e-5, atol=1e-3)
     assert len({r.tobytes() for r in results}) == 1
-    # the defaults choose by size: 64 KiB and more goes round the ring
+    # the defaults choose by size: 512 KiB and more goes round the ring
     ok(ranks.run(lambda g: setattr(g, "ring_min_bytes", group_module.RING_MIN_BYTES)))
     ok(ranks.run(lambda g: setattr(g, "chunk_bytes", group_module.CHUNK_BYTES)))
     before = ok(ranks.run(lambda g: g.stats()["messages_sent"]))
     results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "max")))
     after = ok(ranks.run(lambda g: g.stats()["messages_sent"]))
     np.testing.assert_array_equal(results[2], np.maximum.reduce(parts))
-    # ring: 3 descriptors + 2 (N - 1) = 6 one-chunk segments (a quarter of 400 KB is < 1 MiB)
+    # ring (800 KB): 3 descriptors + 2 (N - 1) = 6 one-chunk segments (a quarter is < 1 MiB)
     assert [a - b for a, b in zip(after, before)] == [3 + 6] * 4
+    small = [p[:1000] for p in parts]
+    before = after
+    results = ok(ranks.run(lambda g: g.all_reduce(small[g.rank], "min")))
+    after = ok(ranks.run(lambda g: g.stats()["messages_sent"]))
+    np.testing.assert_array_equal(results[0], np.minimum.reduce(small))
+    assert [a - b for a, b in zip(after, before)] == [3] * 4  # direct: the array to each other rank
 
 
 def test_the_input_is_not_modified_and_the_result_is_a_new_array(groups):
