@@ -136,10 +136,12 @@ def train_local(name, model_dir, data, threads, train_args=(), timeout=1800):
 
 def train_fleet(name, model_dir, data, strategy, servers, workers, threads=None, train_args=(), timeout=1800):
     """``fleetrun`` with ``servers`` servers and ``workers`` workers (``threads`` training
-    threads each; None: train.py's default); its figures (see the module's doc) and
-    "logs", the workers' logs."""
+    threads each; None: train.py's default; the "collective" strategy starts no servers:
+    ``fleetrun --collective``); its figures (see the module's doc) and "logs", the
+    workers' logs."""
     log_dir = os.path.join(model_dir, "log")
-    cmd = [sys.executable, "-m", "fleet.launch", "--server_num", str(servers), "--worker_num", str(workers),
+    roles = ["--collective"] if strategy == "collective" else ["--server_num", str(servers)]
+    cmd = [sys.executable, "-m", "fleet.launch", *roles, "--worker_num", str(workers),
            "--log_dir", log_dir, "--timeout", str(timeout - min(_FLEETRUN_MARGIN_S, timeout / 10)),
            "train.py", "--model_dir", model_dir, "--data_dir", data, "--strategy", strategy,
            *([] if threads is None else ["--threads", str(threads)]), *train_args]

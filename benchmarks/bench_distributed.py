@@ -1,7 +1,9 @@
-"""CTR-DNN with 1 server + 2 workers in each strategy vs local training, same data.
+"""CTR-DNN with 1 server + 2 workers in each strategy vs local training, same data
+(the collective strategy: 2 workers and no server; hybrid: dense parameters all-reduced
+between the 2 workers, tables on the server).
 
     python benchmarks/bench_distributed.py [--lines 200000] [--epochs 1] [--seeds 1]
-        [--strategies sync,async,half_async,geo] [--local_threads 2] [--worker_threads N]
+        [--strategies sync,async,half_async,geo,hybrid,collective] [--local_threads 2] [--worker_threads N]
         [--servers 1] [--geo_k 20] [--timeout 1800] [--no_warmup] [train.py options...]
 
 The data are generated once (the generator's seed is fixed). For each seed s = 1..--seeds
@@ -36,8 +38,10 @@ import _jobs  # noqa: E402
 # strategy -> least examples/s as a fraction of local's; and the job's CPU per example.
 SPEED_GOALS = {"async": 0.95, "half_async": 0.9, "geo": 1.0, "sync": 0.8}
 CPU_GOAL = 1.1
+HYBRID_AUC_GOAL = 0.003
 GOAL = ("async >= 0.95x local examples/s, half-async >= 0.9x, GEO >= 1.0x, sync >= 0.8x; "
-        "job CPU-seconds per example <= 1.1x local")
+        "job CPU-seconds per example <= 1.1x local; hybrid within 0.003 test AUC of sync and at least "
+        "async's examples/s")
 
 
 def mean(values):
@@ -87,6 +91,17 @@ def checks(results):
         v = results.get(strategy, {}).get("cpu_ratio")
         out.append({"figure": f"{strategy} job CPU-seconds per example vs local", "goal": f"<= {CPU_GOAL}x",
                     "value": v, "met": None if v is None else v <= CPU_GOAL})
+    hybrid, sync, async_ = (results.get(s, {}) for s in ("hybrid", "sync", "async"))
+    v = None
+    if hybrid.get("test_auc") is not None and sync.get("test_auc") is not None:
+        v = round(hybrid["test_auc"] - sync["test_auc"], 4)
+    out.append({"figure": "hybrid test AUC minus sync's", "goal": f"|value| <= {HYBRID_AUC_GOAL}", "value": v,
+                "met": None if v is None else abs(v) <= HYBRID_AUC_GOAL})
+    v = None
+    if hybrid.get("examples_per_sec") and async_.get("examples_per_sec"):
+        v = round(hybrid["examples_per_sec"] / async_["examples_per_sec"], 3)
+    out.append({"figure": "hybrid examples/s vs async's", "goal": ">= 1.0x", "value": v,
+                "met": None if v is None else v >= 1.0})
     return out
 
 
@@ -95,7 +110,7 @@ def main(argv=None):
     p.add_argument("--lines", type=int, default=200_000)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seeds", type=int, default=1, help="train.py --seed 1..N (model init); data fixed")
-    p.add_argument("--strategies", default="sync,async,half_async,geo")
+    p.add_argument("--strategies", default="sync,async,half_async,geo,hybrid,collective")
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--geo_k", type=int, default=20)
     p.add_argument("--local_threads", default="2",

@@ -50,6 +50,8 @@ _EXPORTS = {
     "load_checkpoint": "fleet.checkpoint",
     "Fleet": "fleet.base",
     "DistributedOptimizer": "fleet.base",
+    "CollectiveStrategy": "strategies.collective",
+    "HybridStrategy": "strategies.collective",
 }
 
 _SUBMODULES = {"layers", "optimizer", "initializer", "errors", "data_generator", "framework",

@@ -4,7 +4,9 @@ One ``Fleet`` per process: ``init`` decides the role, ``distributed_optimizer(..
 builds this role's programs, and the lifecycle calls (``init_worker``, ``run_server``,
 ``stop_worker``...) start and stop the runtime. With no servers (``LocalRoleMaker``, or
 ``PaddleCloudRoleMaker`` without ``TRAINING_ROLE``) the same script trains locally: the
-programs are the defaults and the lifecycle calls have nothing to connect.
+programs are the defaults and the lifecycle calls have nothing to connect. A collective
+role maker (workers only) with ``CollectiveStrategy`` trains collectively: the workers
+all-reduce their gradients (``fleet.runtime.CollectiveRuntime``).
 
 Thread-safety: the lifecycle calls are meant for the main thread; the role getters are
 safe anywhere.
@@ -36,7 +38,7 @@ SAVE_UNTRAINED_ENV = "FLEET_SAVE_UNTRAINED"
 
 
 class Fleet:
-    """Parameter-server training for one process (worker, server, or local)."""
+    """Training for one process (worker, server, collective worker, or local)."""
 
     def __init__(self):
         self._role_maker = None
@@ -242,11 +244,38 @@ class Fleet:
         if not self._is_initialized:
             raise ValueError(
                 "use fleet.init(role) to initialize the role of current node before optimizer.minimize(loss)")
-        if strategy is None:
-            strategy = DistributedStrategyFactory.create_sync_strategy()
+        if strategy is None:  # Paddle's default: sync with servers, all-reduce without
+            strategy = (DistributedStrategyFactory.create_collective_strategy() if self._is_collective_role()
+                        else DistributedStrategyFactory.create_sync_strategy())
         check_strategy(strategy, "pserver")
+        self._check_roles_fit(strategy)
         self._optimizer = DistributedOptimizer(self, optimizer, strategy)
         return self._optimizer
+
+    def _is_collective_role(self):
+        """True for a worker of a job without servers (PaddleCloudRoleMaker(is_collective=True),
+        UserDefinedCollectiveRoleMaker)."""
+        return not self.is_local() and self.is_worker() and not self.server_endpoints()
+
+    def _check_roles_fit(self, strategy):
+        """Refuses a strategy the job's roles cannot run (servers without a use, or a
+        parameter-server strategy without servers)."""
+        if self.is_local():
+            return
+        mode = strategy_from_config(strategy).mode if isinstance(strategy, DistributeTranspilerConfig) \
+            else strategy.mode
+        if self._is_collective_role() and mode != "collective":
+            raise ConfigError(
+                f"this job has no parameter servers (a collective role maker: workers only), so it cannot train "
+                f"with the {mode!r} strategy, which needs servers: use strategies.CollectiveStrategy() "
+                f"(DistributedStrategyFactory.create_collective_strategy()), or start servers and use "
+                f"PaddleCloudRoleMaker() (fleetrun --server_num N)")
+        if mode == "collective" and self.server_endpoints():
+            raise ConfigError(
+                f"CollectiveStrategy trains without parameter servers, but this job has {self.server_num()} "
+                f"({', '.join(self.server_endpoints())}): start the workers only (fleetrun --collective, "
+                f"PaddleCloudRoleMaker(is_collective=True)), or use DistributedStrategyFactory."
+                f"create_hybrid_strategy() to keep the embedding tables on the servers")
 
     def _transpile(self, strategy, loss):
         if isinstance(strategy, DistributeTranspilerConfig):
@@ -287,7 +316,8 @@ class Fleet:
 
     def init_worker(self):
         """Connects to the servers (waiting for them, bounded) and pulls the initial
-        parameters. Local training has no servers, so there is nothing to connect."""
+        parameters. A collective worker joins the other workers (bounded) and takes worker
+        0's initial values. Local training has nothing to connect."""
         self._need_minimize("main_program")
         if self.is_server():
             raise ConfigError("init_worker() is for workers; this process is a server (check TRAINING_ROLE)")
@@ -295,8 +325,9 @@ class Fleet:
             self._runtime.init_worker()
 
     def stop_worker(self):
-        """Flushes pending updates and tells the servers this worker is done; closes the
-        workers' group of ``fleet.metrics``, if one was made."""
+        """Flushes pending updates and tells the servers this worker is done (a collective
+        worker: has the last round with the other workers and leaves their group); closes
+        the workers' group of ``fleet.metrics``, if one was made."""
         try:
             if self._runtime is not None and self.is_worker():
                 self._runtime.stop_worker()
@@ -403,7 +434,7 @@ class Fleet:
             value = scope.find_var(name)
             if value is not None:
                 arrays[name] = value
-        meta.update(mode="local", program_vars=sorted(arrays),
+        meta.update(mode=getattr(self._runtime, "save_mode", "local"), program_vars=sorted(arrays),
                     strategy={"class": type(self._strategy).__name__} if self._strategy is not None else None)
         return fio.write_vars(dirname, arrays, meta, filename)
 

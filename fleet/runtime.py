@@ -35,6 +35,7 @@ from fleet.logs import WaitLog
 from fleet.rules import rule_from_op_attrs
 from fleet.server.checkpoint import SERVER_COUNTERS, initial_values, state_var
 from fleet.server.parameter_server import ParameterServer
+from fleet.transpiler.collective_program import ALLREDUCE, insert_collective_ops, local_updates
 from fleet.transpiler.plan import DISTRIBUTED, SPARSE, build_plan
 from fleet.transpiler.worker_program import (has_server_updates, reads_server_params, transpile_eval,
                                              transpile_worker)
@@ -45,7 +46,9 @@ log = logging.getLogger("fleet")
 
 
 def build_runtime(fleet, strategy, main, startup, optimizer):
-    """Returns the WorkerRuntime or ServerRuntime of this process."""
+    """Returns the WorkerRuntime, ServerRuntime or CollectiveRuntime of this process."""
+    if strategy.mode == "collective":
+        return CollectiveRuntime(fleet, strategy, main, startup)
     plan = build_plan(main, strategy, fleet.server_endpoints(), fleet.worker_num())
     if fleet.is_server():
         return ServerRuntime(fleet, strategy, plan, main, startup)
@@ -56,6 +59,29 @@ def build_runtime(fleet, strategy, main, startup, optimizer):
 
 def _curve():
     return CurveConfig.from_env()
+
+
+def _group_maker(fleet, strategy_name):
+    """A callable joining this worker's ``WorkerGroup`` (the workers of the job, from the
+    role maker: PADDLE_TRAINER_ENDPOINTS), for the collective and hybrid communicators.
+
+    Raises:
+        ConfigError: the role maker knows no worker endpoints (names the variable).
+    """
+    endpoints = list(fleet.worker_endpoints())
+    rank = fleet.worker_index()
+    if len(endpoints) != fleet.worker_num():
+        raise ConfigError(
+            f"{strategy_name} all-reduces gradients among the workers, which needs every worker's host:port: "
+            f"set PADDLE_TRAINER_ENDPOINTS to the comma list of the {fleet.worker_num()} workers' endpoints "
+            f"(fleetrun sets it; got {endpoints or 'none'})")
+
+    def make_group():
+        from fleet.transport.group import WorkerGroup
+
+        return WorkerGroup(endpoints, rank, curve=_curve())
+
+    return make_group
 
 
 _uncaught = {}  # the exception that ended the main thread ("error": its text), once there is one
@@ -89,6 +115,71 @@ def _report_at_exit(runtime):
     atexit.register(report)
 
 
+def _allreduce_attrs(program):
+    return next(op.attrs for op in program.global_block().ops if op.type == ALLREDUCE)
+
+
+class CollectiveRuntime:
+    """A collective worker (no servers): the user's programs with the collective ops
+    (``fleet.transpiler.collective_program``; changed in place, as Paddle's collective
+    transpiler does) and the collective communicator they talk through.
+
+    ``init_worker`` joins the worker group (bounded by FLEET_CONNECT_TIMEOUT_MS) and, if
+    the startup program already ran, takes worker 0's initial values; ``stop_worker`` has
+    the final round with the others and leaves the group. Saves are local saves of this
+    worker's scope (every worker holds the same values; save from one worker).
+    """
+
+    save_mode = "collective"
+
+    def __init__(self, fleet, strategy, main, startup):
+        self.fleet = fleet
+        self.strategy = strategy
+        self.worker_id = fleet.worker_index()
+        insert_collective_ops(main, startup)
+        self.comm = make_communicator("collective", None, self.worker_id, global_scope(),
+                                      strategy.get_trainer_runtime_config().get_communicator_flags(),
+                                      connect=None, make_group=_group_maker(fleet, "CollectiveStrategy"))
+        self.comm.who = f"worker {self.worker_id} of {fleet.worker_num()}"
+        main.training_hooks = startup.training_hooks = self.comm
+        self.comm.set_layout(_allreduce_attrs(main))
+        self.program, self.startup = main, startup
+        self.started = False
+
+    def programs(self):
+        return self.program, self.startup
+
+    def init_worker(self):
+        """Joins the group of workers (bounded); takes worker 0's initial values if the
+        startup program ran already (else its last op does)."""
+        if self.started:
+            log.warning("fleet: init_worker() was called twice; the worker group is already joined")
+            return
+        self.comm.start()
+        self.started = True
+        log.info("fleet: %s joined the group of %d workers (collective)", self.comm.who, self.fleet.worker_num())
+        _report_at_exit(self)
+
+    def stop_worker(self):
+        """The final round with the other workers, then leaves the group (bounded)."""
+        if self.started:
+            self.started = False
+            self.comm.stop()
+
+    def barrier_worker(self, timeout=None):
+        """Blocks until every worker called it (bounded; the timeout names who did not)."""
+        self._need_started("barrier_worker")
+        self.comm.barrier_worker(timeout)
+
+    def all_to_all(self, blobs):
+        self._need_started("exchanging data between workers")
+        return self.comm.all_to_all(blobs)
+
+    def _need_started(self, what):
+        if not self.started:
+            raise ConfigError(f"{what} needs the other workers: call fleet.init_worker() first")
+
+
 class WorkerRuntime:
     """A worker: transpiled programs plus the communicator they talk through."""
 
@@ -106,11 +197,19 @@ class WorkerRuntime:
         curve = _curve()
         worker_id = self.worker_id
         self.heartbeat = heartbeat = Heartbeat(plan.server_endpoints, worker_id, curve=curve)
+        make_group = None
+        if plan.mode == "hybrid":  # dense parameters stay here, all-reduced among the workers
+            make_group = _group_maker(fleet, "HybridStrategy")
+            self.local_params = [n for n, _, _, _ in local_updates(self.program)[1] if n not in plan.params]
+            insert_collective_ops(self.program, self.startup, self.local_params)
         self.comm = make_communicator(
             strategy.mode, plan, worker_id, global_scope(), flags,
             connect=lambda ep: Client(ep, worker_id, curve=curve, liveness=heartbeat),
-            update_frequency=update_frequency, liveness=heartbeat)
+            update_frequency=update_frequency, liveness=heartbeat, make_group=make_group)
         self.program.training_hooks = self.comm
+        if plan.mode == "hybrid":
+            self.startup.training_hooks = self.comm
+            self.comm.set_layout(_allreduce_attrs(self.program))
         block = self.program.global_block()
         self.comm.set_prefetch_inputs({
             op.attr("table"): op.input("Ids") for op in block.ops if op.type == "prefetch"
@@ -148,6 +247,8 @@ class WorkerRuntime:
                 run = program
             elif has_server_updates(program, self.plan):
                 run = transpile_worker(program, self._user_startup, self.plan)[0]
+                if self.plan.mode == "hybrid":
+                    insert_collective_ops(run, None, self.local_params)
             elif self.plan.mode == "geo":
                 run = program
             else:

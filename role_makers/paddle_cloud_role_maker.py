@@ -91,6 +91,13 @@ class PaddleCloudRoleMaker(RoleMakerBase):
 
     def _generate_parameter_server(self, env):
         role_text = env.get("TRAINING_ROLE")
+        if role_text is None and env.get("PADDLE_CURRENT_ENDPOINT") and \
+                len(env.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")) > 1:
+            raise RoleError(
+                f"PADDLE_CURRENT_ENDPOINT={env['PADDLE_CURRENT_ENDPOINT']!r} and PADDLE_TRAINER_ENDPOINTS list "
+                "several workers without TRAINING_ROLE: this is a collective job (fleetrun --collective); "
+                "create the role maker with PaddleCloudRoleMaker(is_collective=True), or this process "
+                "would train alone")
         if role_text is None:
             self._role, self._current_id, self._worker_num = Role.WORKER, 0, 1
             self._server_endpoints, self._worker_endpoints = [], []

@@ -287,7 +287,7 @@ class GeoStrategy(DistributedStrategy):
 
 
 class DistributedStrategyFactory:
-    """Creates the four strategies; every method is static (call it on the class)."""
+    """Creates the strategies; every method is static (call it on the class)."""
 
     @staticmethod
     def create_sync_strategy():
@@ -313,16 +313,38 @@ class DistributedStrategyFactory:
         """
         return GeoStrategy(update_frequency)
 
+    @staticmethod
+    def create_collective_strategy():
+        """Returns: a new `strategies.CollectiveStrategy` (no servers; gradients all-reduced
+        among the workers every step)."""
+        from strategies.collective import CollectiveStrategy
+
+        return CollectiveStrategy()
+
+    @staticmethod
+    def create_hybrid_strategy():
+        """Returns: a new `strategies.HybridStrategy` (dense parameters all-reduced among
+        the workers every step; is_sparse / is_distributed tables on the servers, pushed
+        asynchronously)."""
+        from strategies.collective import HybridStrategy
+
+        return HybridStrategy()
+
 
 StrategyFactory = DistributedStrategyFactory
 
-_ACCEPTED = (DistributeTranspilerConfig, SyncStrategy, HalfAsyncStrategy, AsyncStrategy, GeoStrategy)
+
+def _accepted():
+    from strategies.collective import CollectiveStrategy, HybridStrategy
+
+    return (DistributeTranspilerConfig, SyncStrategy, HalfAsyncStrategy, AsyncStrategy, GeoStrategy,
+            CollectiveStrategy, HybridStrategy)
 
 
 def strategy_from_config(config):
     """Turn a `DistributeTranspilerConfig` into the strategy it means (Paddle's rules).
 
-    sync_mode=True -> `SyncStrategy`; else with runtime_split_send_recv: geo_sgd_mode ->
+    mode='nccl2' or 'collective' -> `CollectiveStrategy`; else sync_mode=True -> `SyncStrategy`; else with runtime_split_send_recv: geo_sgd_mode ->
     ``GeoStrategy(geo_sgd_need_push_nums)``, half_async -> `HalfAsyncStrategy`, otherwise
     `AsyncStrategy`; async without runtime_split_send_recv -> `HalfAsyncStrategy`, and the
     config is changed to half_async=True, runtime_split_send_recv=True. The strategy then
@@ -345,6 +367,14 @@ def strategy_from_config(config):
             "config must be an instance of DistributeTranspilerConfig, SyncStrategy, "
             f"HalfAsyncStrategy, AsyncStrategy or GeoStrategy (got {type(config).__name__})"
         )
+    if config.mode in ("nccl2", "collective"):
+        from strategies.collective import CollectiveStrategy
+
+        strategy = CollectiveStrategy()
+        strategy.set_program_config(config)
+        if config.collective_mode is not None:
+            strategy.collective_mode = config.collective_mode
+        return strategy
     if config.sync_mode:
         strategy = SyncStrategy()
     elif config.runtime_split_send_recv:
@@ -375,12 +405,13 @@ def check_strategy(strategy, mode_name):
     Raises:
         TypeError: "In <mode_name> mode, strategy must be an instance of
             DistributeTranspilerConfig, SyncStrategy, HalfAsyncStrategy, AsyncStrategy, or
-            GeoStrategy" (then the type seen).
+            GeoStrategy" (Paddle's), then that CollectiveStrategy and HybridStrategy are taken
+            too, and the type seen.
     """
-    if not isinstance(strategy, _ACCEPTED):
+    if not isinstance(strategy, _accepted()):
         raise TypeError(
             f"In {mode_name} mode, strategy must be an instance of DistributeTranspilerConfig, "
-            "SyncStrategy, HalfAsyncStrategy, AsyncStrategy, or GeoStrategy "
-            f"(got {type(strategy).__name__})"
+            "SyncStrategy, HalfAsyncStrategy, AsyncStrategy, or GeoStrategy (fleet also takes "
+            f"CollectiveStrategy and HybridStrategy; got {type(strategy).__name__})"
         )
     return strategy

@@ -14,7 +14,7 @@ from fleet.errors import ConfigError
 from strategies._env import read_cpu_num, read_env_int
 from strategies._fields import Field, Settings, integer
 
-MODES = ("sync", "async", "half_async", "geo")
+MODES = ("sync", "async", "half_async", "geo", "collective", "hybrid")
 
 _CPU = "CPU_NUM"  # marker: the default is the CPU_NUM environment variable
 
@@ -43,6 +43,8 @@ _MODE_FLAGS = {
         "communicator_thread_pool_size": (10, 1, None),
     },
 }
+_MODE_FLAGS["hybrid"] = _MODE_FLAGS["async"]  # its tables go through the async communicator
+_MODE_FLAGS["collective"] = {}  # no servers: only the base flags
 
 
 def _expected(minimum, maximum):
@@ -157,7 +159,8 @@ class TrainerRuntimeConfig:
 
     @property
     def mode(self):
-        """The mode these flags are for: None, "sync", "async", "half_async" or "geo"."""
+        """The mode these flags are for: None, "sync", "async", "half_async", "geo", "collective"
+        or "hybrid"."""
         return self._mode
 
     def update(self, mapping):

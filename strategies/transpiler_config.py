@@ -47,7 +47,7 @@ def _check_sync_mode(owner, name, value, obj):
     return value
 
 
-_NCCL_FIX = "it only matters in Paddle's nccl2 (GPU) mode, which fleet does not run"
+_NCCL_FIX = "it only matters for NCCL on GPUs; fleet accepts it and it changes nothing"
 
 
 class DistributeTranspilerConfig(Settings):
@@ -91,9 +91,11 @@ class DistributeTranspilerConfig(Settings):
     )
     mode = Field(
         "pserver",
-        choice(("pserver",), "fleet trains with parameter servers only; Paddle's 'nccl2' and "
-               "'collective' GPU modes are not available"),
-        "Training mode; only 'pserver'.",
+        choice(("pserver", "nccl2", "collective"),
+               "'pserver' trains with parameter servers; 'nccl2' and 'collective' mean collective "
+               "training (no servers: gradients all-reduced among the workers)"),
+        "Training mode: 'pserver' (default), or 'nccl2' / 'collective' (strategy_from_config makes "
+        "a CollectiveStrategy of such a config).",
     )
     print_log = Field(False, boolean(), "Log the transpiler's decisions (block placement).")
     wait_port = Field(True, boolean(), "A worker waits until every server answers before training.")
@@ -112,14 +114,14 @@ class DistributeTranspilerConfig(Settings):
         100, integer(1, "set it to the number of steps between GEO pushes, e.g. 100"),
         "GEO push interval k, in steps (>= 1).",
     )
-    nccl_comm_num = Field(1, integer(1, _NCCL_FIX), "Paddle nccl2 setting, kept for compatibility.")
-    use_hierarchical_allreduce = Field(False, boolean(), "Paddle nccl2 setting, kept for compatibility.")
+    nccl_comm_num = Field(1, integer(1, _NCCL_FIX), "NCCL (GPU) setting: accepted, no effect.")
+    use_hierarchical_allreduce = Field(False, boolean(), "NCCL (GPU) setting: accepted, no effect.")
     hierarchical_allreduce_inter_nranks = Field(
-        0, integer(0, _NCCL_FIX), "Paddle nccl2 setting, kept for compatibility."
+        0, integer(0, _NCCL_FIX), "NCCL (GPU) setting: accepted, no effect."
     )
     collective_mode = Field(
         None, choice((None, "grad_allreduce", "local_sgd"), _NCCL_FIX),
-        "Paddle collective setting, kept for compatibility.",
+        "Paddle collective setting: None or 'grad_allreduce' (what fleet's collective mode does).",
     )
 
     def dispatcher_class(self):

@@ -2,6 +2,8 @@
 
 Locally:      python train.py --data_dir data
 Distributed:  fleetrun --server_num 1 --worker_num 2 train.py --data_dir data --strategy async
+Collective:   fleetrun --collective --worker_num 2 train.py --data_dir data --strategy collective
+Hybrid:       fleetrun --server_num 1 --worker_num 2 train.py --data_dir data --strategy hybrid
 With mpirun:  mpirun -np 4 python train.py --role_maker mpi --data_dir data --strategy sync
               (even ranks servers, odd ranks workers; needs pip install fleet[mpi])
 
@@ -40,7 +42,10 @@ def parse_args(argv=None):
     p.add_argument("--role_maker", default="paddle_cloud", choices=["paddle_cloud", "mpi"],
                    help="paddle_cloud: the role from Paddle's environment variables (fleetrun sets them; unset: "
                         "local training); mpi: under mpirun -np 2N, even ranks servers and odd ranks workers")
-    p.add_argument("--strategy", default="async", choices=["sync", "async", "half_async", "geo"])
+    p.add_argument("--strategy", default="async", choices=["sync", "async", "half_async", "geo", "hybrid",
+                                                             "collective"],
+                   help="collective: no servers (fleetrun --collective); hybrid: dense all-reduced among "
+                        "the workers, tables on the servers")
     p.add_argument("--geo_k", type=int, default=100, help="GEO update frequency (steps between exchanges)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch_size", type=int, default=1000,
@@ -101,8 +106,10 @@ def thread_batch_size(args):
     merged = args.merge_pushes or fleet.worker_num()  # pushes one async update averages
     # GEO servers average the workers' progress (each sends its change / workers), so
     # as in sync, workers x batch examples make one step's worth of progress.
+    # Collective and hybrid average every thread of every worker into one dense update, as sync.
     share = {"sync": args.threads * fleet.worker_num(), "half_async": args.threads * merged,
-             "async": merged, "geo": fleet.worker_num()}[args.strategy]
+             "async": merged, "geo": fleet.worker_num(), "hybrid": args.threads * fleet.worker_num(),
+             "collective": args.threads * fleet.worker_num()}[args.strategy]
     if share == 1:
         return args.batch_size
     if args.batch_size < share:
@@ -129,7 +136,8 @@ def job_metrics(summary, auc_states):
 
 def main(argv=None):
     args = parse_args(argv)
-    fleet.init(MPISymetricRoleMaker() if args.role_maker == "mpi" else PaddleCloudRoleMaker())
+    collective = args.strategy == "collective" and "PADDLE_TRAINER_ENDPOINTS" in os.environ  # else: local
+    fleet.init(MPISymetricRoleMaker() if args.role_maker == "mpi" else PaddleCloudRoleMaker(is_collective=collective))
     fleet.default_startup_program().random_seed = args.seed
     inputs, avg_cost, auc, batch_auc, _, auc_states = ctr_dnn_model(args.sparse_feature_dim)
     fleet.distributed_optimizer(make_optimizer(args), make_strategy(args)).minimize(avg_cost)

@@ -10,7 +10,9 @@ must keep both promises.
 Implementations register their mode with ``@register("mode")``;
 ``make_communicator(mode, ...)`` builds one by mode. ``fleet.communicator.base.Communicator``
 implements everything but ``send`` for communicators that talk to parameter servers; each
-strategy lives in a module of its own (``sync``, ``half_async``, ``asynchronous``, ``geo``).
+strategy lives in a module of its own (``sync``, ``half_async``, ``asynchronous``, ``geo``,
+``collective``, ``hybrid``). The collective and hybrid communicators talk to the other
+workers through a ``fleet.transport.group.WorkerGroup`` (``uses_worker_group``).
 """
 import abc
 
@@ -119,7 +121,7 @@ def communicator_class(mode):
 
 
 def make_communicator(mode, plan, worker_id, scope, flags, connect, update_frequency=100,
-                      liveness=None):
+                      liveness=None, make_group=None):
     """A new communicator of ``mode`` for one worker.
 
     Args:
@@ -127,10 +129,14 @@ def make_communicator(mode, plan, worker_id, scope, flags, connect, update_frequ
         plan, worker_id, scope, flags, connect, liveness: as for
             ``fleet.communicator.base.Communicator``.
         update_frequency: GEO's k (steps between exchanges); other modes ignore it.
+        make_group: for the modes whose class has ``uses_worker_group`` ("collective",
+            "hybrid"): a callable returning the joined ``fleet.transport.group.WorkerGroup``.
 
     Raises:
         ConfigError: ``mode`` is not registered (see ``communicator_class``).
     """
     cls = communicator_class(mode)
     extra = {"update_frequency": update_frequency} if mode == "geo" else {}
+    if getattr(cls, "uses_worker_group", False):
+        extra["make_group"] = make_group
     return cls(plan, worker_id, scope, flags, connect, liveness=liveness, **extra)

@@ -1,4 +1,5 @@
-"""The ops a worker's transpiled program runs to talk to the servers.
+"""The ops a worker's transpiled program runs to talk to the servers (prefetch, send,
+geo_step, pull_dense) and to the other workers (c_allreduce_grads, c_broadcast_params).
 
 They reach the worker's communicator through ``program.training_hooks`` (set by the runtime),
 so a test clone of the program (``clone(for_test=True)``) prefetches with the same
@@ -69,3 +70,39 @@ class PullDense(OpDef):
             return
         comm = _communicator(ctx)
         comm.pull_dense([comm.plan.params[name] for name in ctx.attrs["params"]])
+
+
+def _collective(ctx, what):
+    comm = ctx.op.block.program.training_hooks
+    if comm is None or not getattr(comm, "uses_worker_group", False):
+        raise ConfigError(f"{what} needs a collective or hybrid worker's communicator: build the program with "
+                          f"fleet.distributed_optimizer(opt, CollectiveStrategy()).minimize(loss)")
+    return comm
+
+
+@register_op
+class AllReduceGrads(OpDef):
+    """Replaces the step's gradients by their mean over the workers (before the optimizer
+    ops; see ``fleet.transpiler.collective_program``)."""
+
+    type = "c_allreduce_grads"
+
+    def forward(self, ctx):
+        comm = _collective(ctx, "c_allreduce_grads")
+        if not comm.running:
+            raise ConfigError("this worker is not connected to the other workers: call fleet.init_worker() "
+                              "before running fleet.main_program")
+        reduced = comm.all_reduce_grads(ctx.attrs, ctx.inputs("Grad"), ctx.scope)
+        for name, value in zip(ctx.op.input("Grad"), reduced):
+            ctx.local[name] = value
+
+
+@register_op
+class BroadcastParams(OpDef):
+    """Gives every worker worker 0's values of ``names`` (the startup program's last op);
+    before fleet.init_worker() the communicator does it when the group is joined."""
+
+    type = "c_broadcast_params"
+
+    def forward(self, ctx):
+        _collective(ctx, "c_broadcast_params").broadcast_params(ctx.scope, ctx.attrs["names"])

@@ -108,8 +108,10 @@ class DistributeTranspiler:
                 optimizer ops (call ``optimizer.minimize(loss)`` first).
         """
         if self.config.mode != "pserver":
-            raise ConfigError(f"DistributeTranspilerConfig.mode={self.config.mode!r}: fleet transpiles "
-                              f"for parameter servers only (mode 'pserver')")
+            raise ConfigError(f"DistributeTranspilerConfig.mode={self.config.mode!r}: fluid's "
+                              f"DistributeTranspiler transpiles for parameter servers only (mode 'pserver'); "
+                              f"train collectively with the Fleet API: fleet.init(PaddleCloudRoleMaker("
+                              f"is_collective=True)) and fleet.distributed_optimizer(opt, CollectiveStrategy())")
         if isinstance(trainers, str) or isinstance(trainers, bool) or not isinstance(trainers, (int, np.integer)):
             raise ConfigError(f"trainers={trainers!r} must be the number of trainers (an int >= 1); a list "
                               f"of trainer endpoints is Paddle's NCCL2 mode, which fleet does not run")

@@ -17,12 +17,28 @@ The dataset trainer calls, per pass (one ``train_from_dataset`` call):
 5. ``pass_failed(error)`` when the pass ends with an error of this process's own (bad
    or no data, a bug), not one the job reported to it, just before it is raised.
 
+When the pass ends with an error raised in a training thread, ``pass_interrupted(error)``
+is called just before ``end_pass`` (so ``end_pass`` knows the pass did not end cleanly).
+
+An op may end the pass early by raising ``EndOfPass`` (the collective communicators do
+when another worker's shard has ended): the step it was raised in is not applied, the
+training threads stop, and the pass ends normally.
+
 ``who`` names this process in errors ("worker 1 of 2"; empty for local training).
 
 ``requires_thread_barrier`` tells the trainer that the threads of this process must
 average their gradients every step (sync and half-async), which it does by running them
-in lock step and reducing their gradients before the send.
+in lock step and reducing their gradients before the send. With ``allows_split_batches``
+as well, a Reduce build strategy still splits each batch across the threads (their
+gradients weighted by their share of its examples) instead of giving each thread a batch
+of its own: the collective communicators need one combined step, of either kind.
 """
+
+
+class EndOfPass(Exception):
+    """Raised by an op (through the training hooks) to end the current pass here: the
+    step it was raised in is not applied, and the pass ends without an error. The dataset
+    trainer catches it; it never reaches the user from ``train_from_dataset``."""
 
 
 class TrainingHooks:
@@ -30,11 +46,14 @@ class TrainingHooks:
 
     Attributes:
         requires_thread_barrier: the training threads average their gradients each step.
+        allows_split_batches: with requires_thread_barrier, a Reduce build strategy may
+            split each batch across the threads.
         prefetch_ahead: call ``prepare_batch`` with each thread's next batch.
         who: how errors name this process ("worker 1 of 2"), or "".
     """
 
     requires_thread_barrier = False
+    allows_split_batches = False
     prefetch_ahead = False
     who = ""
 
@@ -48,6 +67,10 @@ class TrainingHooks:
 
     def thread_finished(self):
         """The calling training thread has run its last batch of the pass."""
+
+    def pass_interrupted(self, error):
+        """A training thread raised ``error`` (any kind); ``end_pass`` follows. Called from
+        the calling thread; bounded; must not raise."""
 
     def end_pass(self):
         """Every training thread has ended; finish the pass's communication (blocks,

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from fleet.errors import ConfigError, DataError, ServerError, TransportError
-from fleet.framework.hooks import TrainingHooks
+from fleet.framework.hooks import EndOfPass, TrainingHooks
 from fleet.framework.runner import Runner, batch_size as _batch_size, feed_value, run_combined_step, split_batch
 from strategies.execution import ReduceStrategy
 
@@ -92,8 +92,10 @@ class DatasetTrainer:
         # thread on a batch of its own (Paddle's communicator). Reduce (a build strategy of
         # local training) splits each batch across the threads instead, so an update is
         # made from one batch, as with one thread (Paddle's ParallelExecutor).
+        # Collective workers need one combined step too, but either kind will do.
         self.barrier = self.hooks.requires_thread_barrier
-        self.split = not self.barrier and reduce_strategy == ReduceStrategy.Reduce
+        self.split = (reduce_strategy == ReduceStrategy.Reduce
+                      and (not self.barrier or self.hooks.allows_split_batches))
         self.reduce = threads > 1 and (self.barrier or self.split)
         self.serial = serial_threads_requested()
         self._turn = threading.Lock() if self.serial else contextlib.nullcontext()
@@ -167,6 +169,8 @@ class DatasetTrainer:
                     batch = following
                 if index == 0:
                     self._runner0 = runner
+        except EndOfPass:  # the job agreed to end the pass (collective): not an error
+            self._stop.set()
         except BaseException as e:  # noqa: BLE001 - re-raised by run() in the caller
             self._errors.append(e)
             self._stop.set()
@@ -195,8 +199,11 @@ class DatasetTrainer:
 
                 # A split batch's parts are weighted by their share of its examples, so the
                 # update is the whole batch's mean gradient (as one thread computes it).
-                lead, sizes = run_combined_step(active, batches, compute, self.plan.grad_names, self.split,
-                                                map if self.serial else pool.map)
+                try:
+                    lead, sizes = run_combined_step(active, batches, compute, self.plan.grad_names, self.split,
+                                                    map if self.serial else pool.map)
+                except EndOfPass:  # the job agreed to end the pass (collective): not an error
+                    break
                 if self.split:
                     self._record(lead, sum(sizes))
                 else:
@@ -288,6 +295,8 @@ class DatasetTrainer:
                 monitor.join(timeout=5)
             if self._bar is not None:
                 self._bar.close()
+            if self._errors:
+                self.hooks.pass_interrupted(self._errors[0])
             self.hooks.end_pass()
         if self._errors:
             error = self._errors[0]

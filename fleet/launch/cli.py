@@ -82,6 +82,8 @@ examples:
   fleetrun --server_num 1 --worker_num 2 --start_port 6170 --log_dir logs train.py
   fleetrun --server_num 0 train.py        # local training: one process, no servers
   fleetrun --server_num 1 --worker_num 2 --metrics_port 9100 --live_summary 10 train.py
+  fleetrun --collective --worker_num 4 train.py   # collective: 4 workers, no servers
+  fleetrun --collective --workers 10.0.0.1:6170,10.0.0.2:6170 --keys_dir keys train.py
   fleetrun --make_keys keys               # once; copy keys/ to every host
   fleetrun --servers 10.0.0.1:6170,10.0.0.2:6170 --workers 10.0.0.1:6171,10.0.0.2:6171 \
       --keys_dir keys train.py             # the same command on 10.0.0.1 and on 10.0.0.2
@@ -100,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker_num", type=int, metavar="N",
                    help="number of workers (default: as many as --workers lists, else 2; "
                         "1 with --server_num 0)")
+    p.add_argument("--collective", action="store_true",
+                   help="collective training: workers only, no servers (default --worker_num 2); "
+                        "each gets PaddleCloudRoleMaker(is_collective=True)'s variables "
+                        "(PADDLE_TRAINER_ENDPOINTS, PADDLE_CURRENT_ENDPOINT, PADDLE_TRAINER_ID, "
+                        "PADDLE_TRAINERS_NUM, PADDLE_TRAINING_ROLE=TRAINER)")
     p.add_argument("--servers", metavar="HOST:PORT,...",
                    help="server endpoints, comma-separated; each server binds its own")
     p.add_argument("--workers", metavar="HOST:PORT,...",
@@ -230,18 +237,26 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
                           "(fleetrun [options] train.py [args])")
     servers = _split_endpoints(args.servers, "--servers")
     workers = _split_endpoints(args.workers, "--workers")
+    if args.collective:
+        if servers or args.server_num:
+            raise ConfigError(f"--collective trains without servers; leave out "
+                              f"{'--servers' if servers else f'--server_num {args.server_num}'} (or drop "
+                              f"--collective and use DistributedStrategyFactory.create_hybrid_strategy() to keep "
+                              f"tables on servers)")
+        servers = []
     server_num = _count(args.server_num, servers, "--server_num", "--servers", default=2)
     worker_num = _count(args.worker_num, workers, "--worker_num", "--workers",
-                        default=2 if server_num else 1)
-    if server_num == 0:
+                        default=2 if server_num or args.collective else 1)
+    if server_num == 0 and not args.collective:
         if worker_num != 1 or workers:
             raise ConfigError(f"--worker_num {worker_num} with --server_num 0: without servers "
                               "fleetrun runs the script once, for local training; give "
                               "--server_num 1 or more to train with several workers")
         return _make_config(args, (), ())
     if worker_num < 1:
-        raise ConfigError(f"--worker_num {worker_num}: servers need at least one worker; "
-                          "give --worker_num 1 or more")
+        raise ConfigError(f"--worker_num {worker_num}: "
+                          f"{'a collective job needs' if args.collective else 'servers need'} at least one "
+                          "worker; give --worker_num 1 or more")
     need = (0 if servers else server_num) + (0 if workers else worker_num)
     ports = _choose_ports(need, args.start_port)
     if servers is None:
@@ -312,7 +327,8 @@ def _make_config(args, servers, workers, **more):
                         kill_timeout=args.kill_timeout, timeout=args.timeout,
                         failure_grace=args.failure_grace,
                         stop_on_stdin_eof=args.stop_on_stdin_eof, result_json=args.result_json,
-                        metrics_port=args.metrics_port, live_summary=args.live_summary, **more)
+                        metrics_port=args.metrics_port, live_summary=args.live_summary,
+                        collective=args.collective, **more)
 
 
 def _split_endpoints(text, option):
@@ -361,7 +377,7 @@ def _pick_free_ports(count):
 
 
 _PER_HOST_ONLY = ("servers", "workers", "server_num", "worker_num", "host", "keys_dir",
-                  "stop_on_stdin_eof", "result_json")
+                  "stop_on_stdin_eof", "result_json", "collective")
 _HOSTS_ONLY = ("dispatch", "workspace", "env")
 
 
@@ -371,6 +387,9 @@ def hosts_config_from_args(args: argparse.Namespace) -> hosts_module.HostsConfig
     Raises:
         ConfigError: an option that belongs to a one-host run is given, or a value is bad.
     """
+    if args.collective:
+        raise ConfigError("--collective does not go with --hosts: start a collective job with the same "
+                          "`fleetrun --collective --workers HOST:PORT,... --keys_dir DIR train.py` on every host")
     given = [f"--{name}" for name in _PER_HOST_ONLY if getattr(args, name) not in (None, False)]
     if given:
         raise ConfigError(f"{', '.join(given)} cannot be used with --hosts: the dispatcher "

@@ -69,6 +69,8 @@ class LaunchConfig:
             local training: BASE), or None to leave FLEET_METRICS_PORT as it is.
         live_summary: every this many seconds print one line about the processes here,
             read from their metrics endpoints (needs metrics_port), or None.
+        collective: a collective job (``fleetrun --collective``): workers only, each with
+            the variables of ``PaddleCloudRoleMaker(is_collective=True)``.
 
     Raises:
         ConfigError: a value is malformed; the message names it and the fix.
@@ -92,6 +94,7 @@ class LaunchConfig:
     result_json: str | None = None
     metrics_port: int | None = None
     live_summary: float | None = None
+    collective: bool = False
 
     def __post_init__(self):
         for name in ("script_args", "server_endpoints", "worker_endpoints"):
@@ -106,7 +109,12 @@ class LaunchConfig:
         if self.server_endpoints and not self.worker_endpoints:
             raise ConfigError(f"{len(self.server_endpoints)} servers and no worker: servers "
                               "wait for workers forever; give at least one worker endpoint")
-        if not self.server_endpoints and len(self.worker_endpoints) > 0:
+        if self.collective and self.server_endpoints:
+            raise ConfigError(f"a collective job has no servers, got server_endpoints="
+                              f"{list(self.server_endpoints)}; drop --servers/--server_num or --collective")
+        if self.collective and not self.worker_endpoints:
+            raise ConfigError("a collective job needs at least one worker endpoint (--worker_num N)")
+        if not self.server_endpoints and len(self.worker_endpoints) > 0 and not self.collective:
             raise ConfigError(f"worker_endpoints={list(self.worker_endpoints)} without servers: "
                               "local training runs one process with no endpoints; give server "
                               "endpoints to train with several workers")
@@ -163,7 +171,7 @@ class LaunchConfig:
     @property
     def is_local(self) -> bool:
         """True when no servers are configured: one plain process, local training."""
-        return not self.server_endpoints
+        return not self.server_endpoints and not self.collective
 
     @property
     def multi_host(self) -> bool:
@@ -201,7 +209,9 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
 
     Returns:
         A new dict: ``base`` without ROLE_VARIABLES and STALE_VARIABLES, plus the role
-        variables of this process (none in local training).
+        variables of this process (none in local training; in a collective job
+        PADDLE_TRAINING_ROLE=TRAINER, PADDLE_TRAINER_ENDPOINTS, PADDLE_CURRENT_ENDPOINT,
+        PADDLE_TRAINER_ID and PADDLE_TRAINERS_NUM, no TRAINING_ROLE).
 
     Raises:
         ConfigError: role is not "server" or "worker", or index is out of range.
@@ -222,6 +232,16 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
     if config.is_local:
         return env
     host, port = parse_endpoint(endpoints[index], f"{role} {index}'s endpoint")
+    if config.collective:  # PaddleCloudRoleMaker(is_collective=True)'s variables
+        env.update({
+            "PADDLE_TRAINING_ROLE": "TRAINER",
+            "PADDLE_TRAINER_ENDPOINTS": ",".join(config.worker_endpoints),
+            "PADDLE_CURRENT_ENDPOINT": endpoints[index],
+            "PADDLE_TRAINER_ID": str(index),
+            "PADDLE_TRAINERS_NUM": str(len(config.worker_endpoints)),
+        })
+        _common_environment(config, env, role)
+        return env
     env.update({
         "TRAINING_ROLE": "PSERVER" if role == "server" else "TRAINER",
         "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(config.server_endpoints),
@@ -234,6 +254,11 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
         env["PADDLE_TRAINER_ID"] = str(index)
     if role == "server" and index in config.bind_any:
         env[BIND_HOST_ENV] = "::" if ":" in host else "0.0.0.0"
+    _common_environment(config, env, role)
+    return env
+
+
+def _common_environment(config, env, role):
     if config.keys_dir is not None:
         env[KEYS_DIR_ENV] = os.path.abspath(config.keys_dir)
     if not any(k in env for k in BLAS_THREAD_VARIABLES):
@@ -242,4 +267,3 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
         # spin against each other (measured 4x slower with 2 workers on 2 cores).
         share = 1 if role == "server" else max(1, (os.cpu_count() or 1) // len(config.here("worker")))
         env.update({k: str(share) for k in BLAS_THREAD_VARIABLES})
-    return env

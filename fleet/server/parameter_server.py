@@ -9,7 +9,8 @@ Per mode:
 - sync: ``sync_push`` carries a worker's step gradients; when every live worker has sent
   its step, the server averages (sum / contributors), applies the optimizer once, and
   answers each worker with the fresh values of its dense blocks.
-- async / half-async: ``push`` applies gradients on arrival (DC-ASGD optional).
+- async / half-async: ``push`` applies gradients on arrival (DC-ASGD optional). A hybrid
+  job's servers hold only its tables and behave as async ones.
 - GEO: ``geo_push`` adds deltas and answers with the dense blocks and the sparse rows
   changed since this worker's last GEO exchange.
 
@@ -93,7 +94,8 @@ class ParameterServer:
         self.endpoint = endpoint
         self.worker_endpoints = tuple(worker_endpoints)  # for messages: where a lost worker ran
         self.plan = plan
-        self.mode = plan.mode
+        # Hybrid jobs keep only their tables here and push them as async workers do.
+        self.mode = "async" if plan.mode == "hybrid" else plan.mode
         self.workers = plan.worker_num
         self.dc_asgd = bool(dc_asgd) and self.mode == "async"
         track = self.workers if self.mode == "geo" else 0

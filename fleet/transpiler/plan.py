@@ -3,7 +3,9 @@
 A ``DistPlan`` says, for every trainable parameter, how it is split into blocks of whole
 rows and which server holds each block; ``is_distributed`` tables are not split but
 sharded by ``id % server_num`` into hash tables. Workers and servers compute the same
-plan from the same program and strategy, so they agree without talking.
+plan from the same program and strategy, so they agree without talking. Under the hybrid
+strategy only the tables (``is_sparse`` / ``is_distributed``) are in the plan: dense
+parameters stay on the workers.
 """
 import math
 from dataclasses import dataclass, field
@@ -194,6 +196,8 @@ def build_plan(program, strategy, server_endpoints, worker_num):
             kind = SPARSE
         else:
             kind = DENSE
+        if kind == DENSE and strategy.mode == "hybrid":  # on every worker, all-reduced among them
+            continue
         attrs = {k: v for k, v in op.attrs.items() if k not in ("op_role", "learning_rate", "is_test")}
         plan = ParamPlan(param.name, tuple(param.shape), kind, op.type, attrs,
                          float(op.attr("learning_rate")), op.input("Grad")[0])
@@ -206,6 +210,10 @@ def build_plan(program, strategy, server_endpoints, worker_num):
                 plan.init_spec = None
         plan.seed = program._paired.seed_for(param.name) if program._paired else 0
         params[param.name] = plan
+    if strategy.mode == "hybrid" and not params:
+        raise ConfigError("HybridStrategy keeps the is_sparse / is_distributed tables on the servers, but this "
+                          "program has none (every parameter is dense): use strategies.CollectiveStrategy() "
+                          "without servers, or mark the embeddings is_sparse=True")
     if len(distributed) > 1:
         raise ConfigError(f"all distributed lookup_table_ops should have only one table (got {distributed})")
     if distributed and strategy.mode == "geo":

@@ -85,6 +85,8 @@ _POLL_MS = 100  # longest a wait sleeps before it checks liveness again
 _DRAIN = 256  # messages read per wake-up
 _DOWN_GRACE_MS = 1000
 _REPORT_LINGER_MS = 1000  # how long closing waits for a loss report to leave  # a dropped connection counts as lost once no goodbye came for this long
+_COUNTERS = ("operations", "messages_sent", "messages_received", "bytes_sent", "bytes_received", "stale_messages",
+             "malformed_messages")
 _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 _MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -142,7 +144,7 @@ class WorkerGroup:
         self._lost = None  # the PeerLostError once a rank is lost: every later call raises it
         self._closed = False
         self._in_operation = False
-        self._counters = collections.Counter()
+        self._counters = collections.Counter(dict.fromkeys(_COUNTERS, 0))  # every key now: stats() may copy it
         self._ctx = None
         self._auth = None
         self._router = None
@@ -306,10 +308,8 @@ class WorkerGroup:
         """Returns a dict of counters: operations, messages_sent, messages_received,
         bytes_sent, bytes_received (array bytes), stale_messages, malformed_messages.
         Thread-safe (a snapshot)."""
-        keys = ("operations", "messages_sent", "messages_received", "bytes_sent", "bytes_received",
-                "stale_messages", "malformed_messages")
         snapshot = dict(self._counters)
-        return {k: snapshot.get(k, 0) for k in keys}
+        return {k: snapshot.get(k, 0) for k in _COUNTERS}
 
     def close(self):
         """Leaves the group. Idempotent.

@@ -8,7 +8,7 @@ from fleet.errors import ConfigError
 
 
 def test_every_strategy_is_registered_by_its_mode():
-    assert modes() == ["async", "geo", "half_async", "sync"]
+    assert modes() == ["async", "collective", "geo", "half_async", "hybrid", "sync"]
     assert [communicator_class(m) for m in ("sync", "half_async", "async", "geo")] == [
         SyncCommunicator, HalfAsyncCommunicator, AsyncCommunicator, GeoCommunicator]
     assert all(issubclass(communicator_class(m), CommunicatorAPI) for m in modes())
@@ -19,8 +19,8 @@ def test_an_unknown_mode_names_itself_and_the_modes():
     with pytest.raises(ConfigError) as info:
         communicator_class("nccl")
     assert str(info.value) == (
-        "no communicator for training mode 'nccl': the modes are 'async', 'geo', 'half_async', "
-        "'sync'; build the strategy with DistributedStrategyFactory (create_sync_strategy(), ...)")
+        "no communicator for training mode 'nccl': the modes are 'async', 'collective', 'geo', 'half_async', "
+        "'hybrid', 'sync'; build the strategy with DistributedStrategyFactory (create_sync_strategy(), ...)")
 
 
 def test_a_mode_cannot_be_registered_twice():

@@ -11,6 +11,8 @@ from hypothesis import given, settings, strategies as st
 from fleet.errors import ConfigError
 from strategies import (
     AsyncStrategy,
+    CollectiveStrategy,
+    DistributedStrategyFactory,
     BuildStrategy,
     DistributedStrategy,
     DistributeTranspilerConfig,
@@ -24,6 +26,7 @@ from strategies import (
     StrategyFactory,
     SyncStrategy,
     TrainerRuntimeConfig,
+    strategy_from_config,
 )
 
 EPS = ["127.0.0.1:6170", "127.0.0.1:6171", "127.0.0.1:6172"]
@@ -88,12 +91,40 @@ def test_bool_fields_accept_zero_one_and_numpy_bools():
 
 
 @pytest.mark.parametrize("mode", ["nccl2", "collective"])
-def test_only_pserver_mode_is_available(mode):
+def test_nccl2_and_collective_modes_make_a_collective_strategy(mode):
     config = DistributeTranspilerConfig()
-    assert config_error(lambda: setattr(config, "mode", mode)).startswith(
-        f"DistributeTranspilerConfig.mode={mode!r} is invalid: expected one of 'pserver'; "
-        "fleet trains with parameter servers only"
-    )
+    config.mode = mode
+    strategy = strategy_from_config(config)
+    assert isinstance(strategy, CollectiveStrategy) and strategy.mode == "collective"
+    assert strategy.get_program_config() is config
+    assert config_error(lambda: setattr(config, "mode", "ring")).startswith(
+        "DistributeTranspilerConfig.mode='ring' is invalid: expected one of 'pserver', 'nccl2', 'collective'")
+
+
+def test_collective_strategy_has_paddles_fields_and_refuses_what_it_cannot_do():
+    strategy = DistributedStrategyFactory.create_collective_strategy()
+    assert strategy.mode == "collective" and strategy.nccl_comm_num == 1 and strategy.collective_mode is None
+    strategy.nccl_comm_num = 2  # GPU-only: accepted, validated, no effect
+    strategy.use_hierarchical_allreduce = True
+    strategy.mode = "collective"
+    assert strategy.collective_fields()["nccl_comm_num"] == 2
+    assert strategy.exec_strategy is strategy.get_execute_strategy()
+    assert config_error(lambda: setattr(strategy, "nccl_comm_num", 0)).startswith(
+        "CollectiveStrategy.nccl_comm_num=0 is invalid: expected an int >= 1")
+    assert config_error(lambda: setattr(strategy, "use_local_sgd", True)).startswith(
+        "CollectiveStrategy.use_local_sgd=True is invalid: expected False; fleet all-reduces gradients every step")
+    assert config_error(lambda: setattr(strategy, "collective_mode", "local_sgd")).startswith(
+        "CollectiveStrategy.collective_mode='local_sgd' is invalid: expected one of None, 'grad_allreduce'")
+    assert config_error(lambda: setattr(strategy, "nccl_comm", 1)).startswith(
+        "CollectiveStrategy doesn't have key: nccl_comm; valid keys: mode, collective_mode")
+
+
+def test_hybrid_strategy_uses_async_flags_and_a_thread_barrier():
+    strategy = DistributedStrategyFactory.create_hybrid_strategy()
+    assert strategy.mode == "hybrid"
+    assert "communicator_is_sgd_optimizer" in strategy.get_trainer_runtime_config().get_communicator_flags()
+    assert strategy.get_execute_strategy().use_thread_barrier
+    assert not strategy.get_program_config().sync_mode
 
 
 def test_assigning_an_unknown_name_is_refused_with_the_valid_keys():

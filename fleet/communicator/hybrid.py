@@ -1,0 +1,45 @@
+"""The hybrid strategy's communicator: dense parameters all-reduced among the workers,
+tables on the parameter servers.
+
+``HybridCommunicator`` is the async communicator for the ``is_sparse`` /
+``is_distributed`` tables (rows prefetched, gradients queued and pushed by the send
+thread, servers applying them on arrival) plus the collective exchange of
+``fleet.communicator.collective`` for the dense parameters, which every worker holds and
+updates itself with the mean of all workers' gradients each step (so they stay identical
+on every worker, as in sync training, while the tables train at async speed). Pass ends,
+unequal shards and failures of other workers behave as in the collective mode.
+"""
+from fleet.communicator.api import register
+from fleet.communicator.asynchronous import AsyncCommunicator
+from fleet.communicator.collective import GroupSteps
+
+
+@register("hybrid")
+class HybridCommunicator(GroupSteps, AsyncCommunicator):
+    """Async for the servers' tables, collective for the dense parameters.
+
+    Args: those of ``fleet.communicator.base.Communicator``, plus ``make_group`` (callable
+    returning the joined ``WorkerGroup``).
+    """
+
+    def __init__(self, plan, worker_id, scope, flags, connect, liveness=None, make_group=None):
+        super().__init__(plan, worker_id, scope, flags, connect, liveness=liveness)
+        self._init_group(make_group, self.who, scope)
+
+    def start(self):
+        """Connects to the servers, then joins the worker group (both bounded)."""
+        super().start()
+        self.start_group()
+
+    def stop(self):
+        """The final round with the workers and leaving the group, then the servers' stop
+        (flush, goodbye). Idempotent."""
+        try:
+            self.stop_group()
+        finally:
+            super().stop()
+
+    def check_alive(self):
+        if self._failure is not None:
+            raise self._failure
+        super().check_alive()
