@@ -49,4 +49,6 @@ def test_ctr_dnn_with_two_servers_and_two_workers_is_within_002_auc_of_local(dat
     assert [(e["epoch"], e["workers"], e["examples"]) for e in epochs] == [(i, 2, 120000) for i in range(EPOCHS)]
     for e in epochs:
         assert f"epoch {e['epoch']}: global auc {e['global_auc']:.4f} over 2 workers" in out
-        assert 0.5 < e["global_auc"] < 1 and 0 < e["loss"] < 1
+        assert 0 < e["global_auc"] < 1 and 0 < e["loss"] < 1
+    # the training AUC of the first epoch includes the untrained start (about 0.55); the last one learned
+    assert epochs[-1]["global_auc"] > max(0.6, epochs[0]["global_auc"]), epochs
