@@ -176,6 +176,14 @@ def distributed_goal_rows(r):
         s = dist.get(strategy) or {}
         if not s:
             measured = "not run"
+        elif "AUC" in c["figure"]:
+            other = c["figure"].split("minus ")[-1].split("'")[0]
+            measured = (f"{fmt(c['value'], '{:+.4f}')}: {fmt(s.get('test_auc'), '{:.4f}')} vs {other} "
+                        f"{fmt((dist.get(other) or {}).get('test_auc'), '{:.4f}')}")
+        elif "vs async" in c["figure"]:
+            a = dist.get("async") or {}
+            measured = (f"{fmt(s.get('examples_per_sec'))} vs async {fmt(a.get('examples_per_sec'))} ex/s = "
+                        f"{fmt(c['value'], '{:.2f}')}x")
         elif "CPU" in c["figure"]:
             measured = (f"{fmt(c['value'], '{:.2f}')}x: {fmt(s.get('cpu_s_per_1k_examples'), '{:.3f}')} vs "
                         f"{fmt(local.get('cpu_s_per_1k_examples'), '{:.3f}')} CPU s per 1k examples")
@@ -210,7 +218,7 @@ def strategy_rows(r, name="distributed"):
     dist = get(r, name, "results") or {}
     rows = []
     base = dist.get("local") or {}
-    for s in ("local", "local_1_threads", "sync", "async", "half_async", "geo"):
+    for s in ("local", "local_1_threads", "sync", "async", "half_async", "geo", "hybrid", "collective"):
         if s in dist:
             d = dist[s]
             spread = d.get("test_auc_spread") or {}
@@ -443,10 +451,23 @@ def main(argv=None):
     p.add_argument("--keep_others", action="store_true",
                    help="with --only: keep the other benchmarks' results from the existing --out file "
                         "(each keeps the date of the run that measured it)")
+    p.add_argument("--report_only", action="store_true",
+                   help="run nothing: write --out again from the raw results it holds (after a change "
+                        "of this report's layout)")
     args = p.parse_args(argv)
     if args.keep_others and not args.only:
         p.error("--keep_others needs --only (the benchmarks to run again)")
     started = datetime.datetime.now(datetime.timezone.utc)
+    if args.report_only:
+        results = kept_results(args.out)
+        dates = sorted({v.get("measured_at") for v in results.values()})
+        if len(dates) == 1 and dates[0]:
+            started = datetime.datetime.strptime(dates[0], "%Y-%m-%d %H:%M")
+            for v in results.values():
+                v["measured_at"] = f"{started:%Y-%m-%d %H:%M}"
+        write_report(args.out, results, args, started)
+        print(f"run_all: wrote {args.out} from its raw results")
+        return
     results = kept_results(args.out) if args.keep_others else {}
     wanted = set(args.only.split(",")) if args.only else None
     for name, argv_ in benchmarks(args.quick):
