@@ -89,6 +89,8 @@ examples:
       --keys_dir keys train.py             # the same command on 10.0.0.1 and on 10.0.0.2
   fleetrun --hosts node1,node2,node3 --server_num_per_host 1 --worker_num_per_host 2 \
       --dispatch . train.py --epochs 3     # from any machine, over ssh
+  fleetrun --hosts node1,node2,node3 --collective --worker_num_per_host 2 \
+      --dispatch . train.py                # collective across hosts, over ssh
 """
 
 
@@ -156,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("--host", metavar="ADDR",
                        help="this host's address as the endpoints name it (default: POD_IP if "
                             "set, else the addresses of this host's interfaces); an address "
-                            "not on an interface here is advertised while servers bind 0.0.0.0")
+                            "not on an interface here is advertised while the processes bind 0.0.0.0")
     hosts.add_argument("--nic", metavar="NAME",
                        help="match endpoints against this interface's addresses only (default: "
                             "PADDLE_NIC if set, else every interface)")
@@ -182,15 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
         "process on every host when one fails or on Ctrl-C, and fetches each host's logs into "
         "LOG_DIR/<host>/. It uses the system's ssh (your ~/.ssh/config, agent and known_hosts) "
         "with BatchMode. Host i's servers get ports START_PORT.. (default 6170) and its workers "
-        "the next ones. The job is encrypted: the job's CURVE keys go with the workspace "
+        "the next ones; with --collective there are no servers and each host runs the per-host "
+        "fleetrun --collective. The job is encrypted: the job's CURVE keys go with the workspace "
         "(.fleet_keys/, owner-only) unless --insecure. --nic NAME makes each host's endpoints "
         "the address of its interface NAME instead of the host as written.", width=86))
     ssh.add_argument("--hosts", metavar="HOSTFILE|H1,H2,...",
                      help="the hosts, each [user@]host[:sshport]: a comma list, or a file with "
                           "one per line (# comments), where a line may add servers=N and/or "
                           "workers=M for that host; the first host with workers runs worker 0")
-    ssh.add_argument("--server_num_per_host", type=int, default=1, metavar="S",
-                     help="servers on each host without servers=N on its hostfile line (default: 1)")
+    ssh.add_argument("--server_num_per_host", type=int, metavar="S",
+                     help="servers on each host without servers=N on its hostfile line (default: 1; "
+                          "none with --collective)")
     ssh.add_argument("--worker_num_per_host", type=int, default=1, metavar="W",
                      help="workers on each host without workers=M on its hostfile line (default: 1)")
     ssh.add_argument("--dispatch", metavar="DIR",
@@ -274,6 +278,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         return _make_config(args, servers, workers, keys_dir=_keys_dir(args, False))
     return _make_config(args, servers, workers, local_servers=placement.servers,
                         local_workers=placement.workers, bind_any=placement.bind_any,
+                        bind_any_workers=placement.bind_any_workers,
                         host=placement.name,
                         keys_dir=_keys_dir(args, True))
 
@@ -377,7 +382,7 @@ def _pick_free_ports(count):
 
 
 _PER_HOST_ONLY = ("servers", "workers", "server_num", "worker_num", "host", "keys_dir",
-                  "stop_on_stdin_eof", "result_json", "collective")
+                  "stop_on_stdin_eof", "result_json")
 _HOSTS_ONLY = ("dispatch", "workspace", "env")
 
 
@@ -387,9 +392,6 @@ def hosts_config_from_args(args: argparse.Namespace) -> hosts_module.HostsConfig
     Raises:
         ConfigError: an option that belongs to a one-host run is given, or a value is bad.
     """
-    if args.collective:
-        raise ConfigError("--collective does not go with --hosts: start a collective job with the same "
-                          "`fleetrun --collective --workers HOST:PORT,... --keys_dir DIR train.py` on every host")
     given = [f"--{name}" for name in _PER_HOST_ONLY if getattr(args, name) not in (None, False)]
     if given:
         raise ConfigError(f"{', '.join(given)} cannot be used with --hosts: the dispatcher "
@@ -401,7 +403,8 @@ def hosts_config_from_args(args: argparse.Namespace) -> hosts_module.HostsConfig
     return hosts_module.HostsConfig(
         hosts=hosts_module.parse_hosts(args.hosts), training_script=args.training_script,
         script_args=tuple(args.training_script_args),
-        server_num_per_host=args.server_num_per_host,
+        server_num_per_host=(0 if args.collective else 1) if args.server_num_per_host is None
+        else args.server_num_per_host, collective=args.collective,
         worker_num_per_host=args.worker_num_per_host, dispatch=args.dispatch,
         workspace=args.workspace, remote_dir=args.remote_dir, python=args.python,
         ssh_config=args.ssh_config, nic=args.nic,
@@ -421,7 +424,7 @@ def _check_no_watch_options(args):
 
 def _check_no_hosts_options(args):
     given = [f"--{name}" for name in _HOSTS_ONLY if getattr(args, name)]
-    if args.server_num_per_host != 1 or args.worker_num_per_host != 1:
+    if args.server_num_per_host is not None or args.worker_num_per_host != 1:
         given.append("--server_num_per_host/--worker_num_per_host")
     if given:
         raise ConfigError(f"{', '.join(given)} only work with --hosts (a job on several hosts "

@@ -58,6 +58,8 @@ class LaunchConfig:
         host: this host's address in a multi-host job, for messages and the result file.
         bind_any: indexes of local servers that bind the wildcard address (FLEET_BIND_HOST)
             because their endpoint's address is not on an interface here.
+        bind_any_workers: the same for local workers (a worker binds its endpoint for the
+            workers' group of collective and hybrid training and of global metrics).
         keys_dir: a CURVE key directory every process gets as FLEET_CURVE_KEYS_DIR (see
             `fleet.transport.curve`); None leaves the environment as it is.
         stop_on_stdin_eof: stop every process, as for SIGHUP, when fleetrun's standard
@@ -89,6 +91,7 @@ class LaunchConfig:
     local_workers: tuple[int, ...] | None = None
     host: str | None = None
     bind_any: tuple[int, ...] = ()
+    bind_any_workers: tuple[int, ...] = ()
     keys_dir: str | None = None
     stop_on_stdin_eof: bool = False
     result_json: str | None = None
@@ -132,9 +135,10 @@ class LaunchConfig:
         if (self.local_servers is None) != (self.local_workers is None):
             raise ConfigError("give both local_servers and local_workers (a multi-host job) or "
                               "neither (every process runs here)")
-        object.__setattr__(self, "bind_any", tuple(self.bind_any))
-        if not set(self.bind_any) <= set(self.local_servers or range(len(self.server_endpoints))):
-            raise ConfigError(f"bind_any={list(self.bind_any)} names servers that do not run here")
+        for name, role in (("bind_any", "server"), ("bind_any_workers", "worker")):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+            if not set(getattr(self, name)) <= set(self.here(role)):
+                raise ConfigError(f"{name}={list(getattr(self, name))} names {role}s that do not run here")
         for name in ("server_exit_timeout", "kill_timeout", "timeout"):
             value = getattr(self, name)
             if value is None and name == "timeout":
@@ -216,7 +220,8 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
     Raises:
         ConfigError: role is not "server" or "worker", or index is out of range.
 
-    FLEET_BIND_HOST is set for the servers of ``config.bind_any``, FLEET_CURVE_KEYS_DIR
+    FLEET_BIND_HOST is set for the servers of ``config.bind_any`` and the workers of
+    ``config.bind_any_workers``, FLEET_CURVE_KEYS_DIR
     when ``config.keys_dir`` is given, FLEET_METRICS_PORT when ``config.metrics_port`` is.
     """
     if role not in ("server", "worker"):
@@ -240,7 +245,7 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
             "PADDLE_TRAINER_ID": str(index),
             "PADDLE_TRAINERS_NUM": str(len(config.worker_endpoints)),
         })
-        _common_environment(config, env, role)
+        _common_environment(config, env, role, index, host)
         return env
     env.update({
         "TRAINING_ROLE": "PSERVER" if role == "server" else "TRAINER",
@@ -252,13 +257,19 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
     })
     if role == "worker":
         env["PADDLE_TRAINER_ID"] = str(index)
-    if role == "server" and index in config.bind_any:
-        env[BIND_HOST_ENV] = "::" if ":" in host else "0.0.0.0"
-    _common_environment(config, env, role)
+    _common_environment(config, env, role, index, host)
     return env
 
 
-def _common_environment(config, env, role):
+def binds_any(config, role, index):
+    """True when the process binds the wildcard address instead of its endpoint's host
+    (FLEET_BIND_HOST): its address is not on an interface here (see ``bind_any``)."""
+    return index in (config.bind_any if role == "server" else config.bind_any_workers)
+
+
+def _common_environment(config, env, role, index, host):
+    if binds_any(config, role, index):
+        env[BIND_HOST_ENV] = "::" if ":" in host else "0.0.0.0"
     if config.keys_dir is not None:
         env[KEYS_DIR_ENV] = os.path.abspath(config.keys_dir)
     if not any(k in env for k in BLAS_THREAD_VARIABLES):

@@ -9,12 +9,14 @@ The dispatcher (this module) never starts a training process itself. It
    workspace, the NIC's address); a failure is named per host with the fix, and nothing
    starts unless every host passed;
 3. computes every endpoint: host i's servers get ports start_port.., its workers the next
-   ones; global indexes go host by host, so worker 0 is on the first host with workers;
+   ones; global indexes go host by host, so worker 0 is on the first host with workers (a
+   collective job, ``--collective``, has workers only);
 4. makes the job's CURVE keys (unless --insecure) and copies the workspace (rsync over
    ssh: only what changed; scp -r if rsync is missing on either side);
 5. runs on every host, over one ssh each, the per-host form of fleetrun
    (``python -m fleet.launch --servers ALL --workers ALL --host ADDR ...
-   --stop_on_stdin_eof --result_json ...``), whose stdin is a pipe it keeps open: when the
+   --stop_on_stdin_eof --result_json ...``; ``--collective --workers ALL ...`` for a
+   collective job), whose stdin is a pipe it keeps open: when the
    dispatcher or its ssh dies, the remote fleetrun sees EOF and stops its processes;
 6. streams worker 0's output, copies every host's stderr prefixed ``[host] ``, and watches:
    the first host whose remote fleetrun fails (or whose ssh dies) ends the job; the others
@@ -208,6 +210,9 @@ class HostsConfig:
         env: extra NAME=VALUE variables for the remote processes.
         kill_timeout, server_exit_timeout, failure_grace, timeout: passed to each host's
             fleetrun (kill_timeout also bounds the dispatcher's stop of each host).
+        collective: a collective job (each host's fleetrun runs with --collective):
+            workers only; server_num_per_host must be 0 and no hostfile line may give
+            servers.
     """
 
     hosts: tuple[HostEntry, ...]
@@ -229,6 +234,7 @@ class HostsConfig:
     server_exit_timeout: float = 30.0
     failure_grace: float | None = None
     timeout: float | None = None
+    collective: bool = False
 
     def __post_init__(self):
         for name in ("hosts", "script_args", "env"):
@@ -254,8 +260,22 @@ class HostsConfig:
             raise ConfigError(f"--server_num_per_host {self.server_num_per_host} / "
                               f"--worker_num_per_host {self.worker_num_per_host}: give counts "
                               "of 0 or more")
+        if self.collective:
+            if self.server_num_per_host:
+                raise ConfigError(f"--server_num_per_host {self.server_num_per_host} with --collective: a "
+                                  "collective job has no servers (the workers all-reduce among themselves); "
+                                  "leave out --server_num_per_host, or drop --collective and use "
+                                  "DistributedStrategyFactory.create_hybrid_strategy() to keep tables on servers")
+            for host in self.hosts:
+                if host.servers:
+                    raise ConfigError(f"{host.where}: servers={host.servers} in a collective job (--collective), "
+                                      "which has no servers; remove servers=N from the hostfile, or drop "
+                                      "--collective")
         counts = [self.counts(i) for i in range(len(self.hosts))]
-        if sum(s for s, _ in counts) == 0 or sum(w for _, w in counts) == 0:
+        if self.collective and sum(w for _, w in counts) == 0:
+            raise ConfigError("a collective --hosts job needs workers: give --worker_num_per_host 1 or "
+                              "more, or workers=N on hostfile lines")
+        if not self.collective and (sum(s for s, _ in counts) == 0 or sum(w for _, w in counts) == 0):
             raise ConfigError("a --hosts job needs servers and workers: give "
                               "--server_num_per_host 1 or more and --worker_num_per_host 1 "
                               "or more, or servers=N / workers=N on hostfile lines (local "
@@ -734,7 +754,8 @@ class _HostsJob:
         log = f"log/{remote.name}"
         env = forwarded_environment(extra=c.env)
         env[JOB_ID_VARIABLE] = self.job_id
-        argv = [c.python, "-m", "fleet.launch", "--servers", ",".join(self.servers),
+        argv = [c.python, "-m", "fleet.launch",
+                *(["--collective"] if c.collective else ["--servers", ",".join(self.servers)]),
                 "--workers", ",".join(self.workers), "--host", self.addresses[remote.index],
                 "--log_dir", log, "--stop_on_stdin_eof",
                 "--result_json", f"{log}/{RESULT_NAME}",
@@ -754,14 +775,16 @@ class _HostsJob:
 
     def _start_and_watch(self):
         c = self.config
-        say(f"starting {plural(len(self.servers), 'server')} and "
-            f"{plural(len(self.workers), 'worker')} on {plural(len(self.remotes), 'host')} "
+        what = (f"a collective job of {plural(len(self.workers), 'worker')}" if c.collective else
+                f"{plural(len(self.servers), 'server')} and {plural(len(self.workers), 'worker')}")
+        say(f"starting {what} on {plural(len(self.remotes), 'host')} "
             f"(job {self.job_id}); logs in {c.log_dir}/<host>/")
         for r in self.remotes:
             (s0, s1), (w0, w1) = self.spans[r.index]
-            print(f"    {r.name}: servers {_span(s0, s1)}"
-                  f"{f' ({chr(44).join(self.servers[s0:s1])})' if s1 > s0 else ''}, "
-                  f"workers {_span(w0, w1)}", file=sys.stderr, flush=True)
+            servers = ("" if c.collective else f"servers {_span(s0, s1)}"
+                       f"{f' ({chr(44).join(self.servers[s0:s1])})' if s1 > s0 else ''}, ")
+            workers = f" ({','.join(self.workers[w0:w1])})" if c.collective and w1 > w0 else ""
+            print(f"    {r.name}: {servers}workers {_span(w0, w1)}{workers}", file=sys.stderr, flush=True)
         exited = threading.Event()
         code = None
         try:
@@ -1033,7 +1056,7 @@ for pid in os.listdir("/proc"):
 """
 
 
-_CONSEQUENCE = re.compile(r"\bwas lost\b|^fleet\.errors\.ServerLostError\b")
+_CONSEQUENCE = re.compile(r"\bwas lost\b|^fleet\.errors\.(ServerLostError|PeerLostError)\b")
 
 
 def _is_consequence(error):

@@ -15,7 +15,7 @@ import time
 from fleet.endpoints import join_endpoint, parse_endpoint
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (EXIT_OK, EXIT_PROCESS_FAILED, EXIT_TIMEOUT, LaunchConfig,
-                                 process_environment)
+                                 binds_any, process_environment)
 from fleet.launch.report import (SAY_LOGGER, TAIL_LINES, last_error, plural, say, signal_name,
                                  tail)
 from fleet.launch.summary import LiveSummary
@@ -60,7 +60,7 @@ def _check_ready(config):
         for i in config.here(role) if endpoints else ():
             endpoint = endpoints[i]
             host, port = parse_endpoint(endpoint, f"{role} {i}'s endpoint")
-            if role == "server" and i in config.bind_any:
+            if binds_any(config, role, i):
                 host = "::" if ":" in host else "0.0.0.0"
             problem = _probe_port(host, port)
             if problem:
@@ -93,10 +93,10 @@ def _processes_here(config):
 
 def _metrics_bind_host(config, role, index):
     """The address a process's metrics endpoint binds (as ``fleet.telemetry.start``
-    chooses it): the wildcard for servers of ``bind_any`` and in local training, else its
-    endpoint's host."""
+    chooses it): the wildcard for processes of ``bind_any`` / ``bind_any_workers`` and in
+    local training, else its endpoint's host."""
     endpoints = config.server_endpoints if role == "server" else config.worker_endpoints
-    if index >= len(endpoints) or (role == "server" and index in config.bind_any):
+    if index >= len(endpoints) or binds_any(config, role, index):
         return "0.0.0.0"
     return parse_endpoint(endpoints[index], f"{role} {index}'s endpoint")[0]
 
@@ -410,9 +410,10 @@ class _Job:
             here = ", ".join(ch.name for ch in self.children)
             zero = ("" if 0 in c.here("worker") else
                     "; worker 0 runs on another host, so its output is not copied here")
-            say(f"started {here} on this host ({c.host}) of a job of "
-                f"{plural(len(c.server_endpoints), 'server')} and "
-                f"{plural(len(c.worker_endpoints), 'worker')} on several hosts; logs in "
+            job = (f"a collective job of {plural(len(c.worker_endpoints), 'worker')}" if c.collective else
+                   f"a job of {plural(len(c.server_endpoints), 'server')} and "
+                   f"{plural(len(c.worker_endpoints), 'worker')}")
+            say(f"started {here} on this host ({c.host}) of {job} on several hosts; logs in "
                 f"{c.log_dir}/{zero}")
         else:
             say(f"started {plural(len(c.server_endpoints), 'server')} "

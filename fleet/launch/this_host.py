@@ -30,6 +30,8 @@ class Placement:
         how: how they were found, e.g. "from its interfaces" or "from --host".
         bind_any: server indexes whose endpoint address is not on an interface here (a
             --host or POD_IP address): they bind the wildcard address and advertise theirs.
+        bind_any_workers: the same for the workers started here (a worker binds its endpoint
+            for the workers' group: collective and hybrid training, global metrics).
         name: the endpoint host(s) of the processes that run here, e.g. "10.0.0.2".
     """
 
@@ -40,6 +42,7 @@ class Placement:
     how: str
     bind_any: tuple[int, ...] = ()
     name: str = ""
+    bind_any_workers: tuple[int, ...] = ()
 
 
 def interface_addresses(nic=None):
@@ -144,8 +147,11 @@ def place(servers, workers, host=None, host_source="--host", nic=None):
             f"endpoint {loopback[0]} is a loopback address, but the job spans several hosts "
             "(some endpoints are not this host's): other hosts cannot reach it. Give every "
             "process an address of its host on the cluster network")
-    bind_any = tuple(i for i in local_servers
-                     if not (addresses_of(endpoint_host(servers[i])) & interfaces))
+    def not_on_an_interface(endpoints, indexes):
+        return tuple(i for i in indexes if not (addresses_of(endpoint_host(endpoints[i])) & interfaces))
+
     named = sorted({endpoint_host(servers[i]) for i in local_servers}
                    | {endpoint_host(workers[i]) for i in local_workers})
-    return Placement(local_servers, local_workers, False, shown, how, bind_any, ", ".join(named))
+    return Placement(local_servers, local_workers, False, shown, how,
+                     not_on_an_interface(servers, local_servers), ", ".join(named),
+                     not_on_an_interface(workers, local_workers))

@@ -14,8 +14,10 @@ PORT_SERVER, PORT_WORKER = 6170, 6171
 DENSE = [f"fc_{i}.{k}_0" for i in range(4) for k in ("w", "b")]
 # Async runs differ from run to run (which update lands first depends on timing); after 3
 # epochs two runs agree far within 0.01 test AUC, after 1 they were 0.0125 apart on a busy
-# machine. Sync is compared step for step, so one epoch is enough.
-EPOCHS = {"sync": 1, "async": 3}
+# machine. Sync and collective are compared step for step, so one epoch is enough.
+EPOCHS = {"sync": 1, "async": 3, "collective": 1}
+# Strategies whose runs are deterministic: compared with the one-host job to float tolerance.
+STEP_FOR_STEP = ("sync", "collective")
 
 
 def clean_env(**more):
@@ -72,21 +74,33 @@ def train_args(data, model_dir, strategy, epochs=None):
 
 
 def one_host(tmp_path, data, strategy):
+    """The same job on one host: 2 servers and 3 workers, or 3 workers for collective."""
     model = tmp_path / f"one-{strategy}"
-    python("-m", "fleet.launch", "--server_num", 2, "--worker_num", 3, "--log_dir",
-            model / "log", *train_args(data, model, strategy), cwd=tmp_path, timeout=180)
+    roles = ["--collective"] if strategy == "collective" else ["--server_num", 2]
+    python("-m", "fleet.launch", *roles, "--worker_num", 3, "--log_dir",
+           model / "log", *train_args(data, model, strategy), cwd=tmp_path, timeout=180)
     return model
 
 
+def same_blas_kernels():
+    """--env for the BLAS kernel choice of this machine's environment, if it makes one.
+
+    The remote processes of fleetrun --hosts get the dispatcher's FLEET_*, PYTHON*, NUMBA_*
+    and thread-count variables, not the rest of its environment: where OPENBLAS_CORETYPE
+    picks the kernels here, the remote processes need it too, or their sums round
+    differently and sync no longer matches the one-host job bit for bit.
+    """
+    value = os.environ.get("OPENBLAS_CORETYPE")
+    return ["--env", f"OPENBLAS_CORETYPE={value}"] if value else []
 
 
 def assert_matches_one_host(model, one, data, strategy, label):
-    """Sync: the same dense parameters (to 2e-5) and test AUC / log loss (to 1e-4) as the job
-    on one host; async: test AUC within 0.01. Prints both evaluations."""
+    """Sync and collective: the same dense parameters (to 2e-5) and test AUC / log loss (to
+    1e-4) as the job on one host; async: test AUC within 0.01. Prints both evaluations."""
     multi_eval, one_eval = evaluate(model, data), evaluate(one, data)
     print(f"{strategy}: {label} test AUC {multi_eval['auc']:.4f} log loss "
           f"{multi_eval['log_loss']:.4f}; one host {one_eval['auc']:.4f} / {one_eval['log_loss']:.4f}")
-    if strategy == "sync":
+    if strategy in STEP_FOR_STEP:
         multi, single = dense(model), dense(one)
         for name in DENSE:
             np.testing.assert_allclose(multi[name], single[name], rtol=0, atol=2e-5, err_msg=name)

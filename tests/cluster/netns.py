@@ -482,8 +482,12 @@ class Cluster:
 
 # StrictModes no: the per-run files live in a temporary directory under /tmp, which is
 # world-writable (sticky), and sshd's StrictModes refuses an authorized_keys below it.
+# ClientAlive: a session whose client is gone (a host cut off with link_down) ends within
+# about 6 s, as on a cluster's sshd, instead of waiting for TCP to give up.
 _SSHD_CONFIG = """\
 ListenAddress {addr}:22
+ClientAliveInterval 2
+ClientAliveCountMax 3
 HostKey {key}
 AuthorizedKeysFile {auth}
 PermitRootLogin prohibit-password

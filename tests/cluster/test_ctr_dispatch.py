@@ -14,18 +14,6 @@ pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _same_blas_kernels():
-    """--env for the BLAS kernel choice of this machine's environment, if it makes one.
-
-    The remote processes get the dispatcher's FLEET_*, PYTHON*, NUMBA_* and thread-count
-    variables, not the rest of its environment: where OPENBLAS_CORETYPE picks the kernels
-    here, the remote processes need it too, or their sums round differently and sync no
-    longer matches the one-host job bit for bit.
-    """
-    value = os.environ.get("OPENBLAS_CORETYPE")
-    return ["--env", f"OPENBLAS_CORETYPE={value}"] if value else []
-
-
 @pytest.mark.parametrize("strategy", ["sync", "async"])
 def test_ctr_dnn_dispatched_over_ssh_matches_the_same_job_on_one_host(
         cluster_factory, tmp_path, ctr_data, strategy):
@@ -44,7 +32,7 @@ def test_ctr_dnn_dispatched_over_ssh_matches_the_same_job_on_one_host(
     argv = [sys.executable, "-m", "fleet.launch", "--hosts", hostfile, "--server_num_per_host", 0,
             "--worker_num_per_host", 1, "--ssh_config", cluster.ssh_config,
             "--dispatch", job, "--remote_dir", os.path.join(cluster.tmpdir, "ws", "{host}"),
-            "--start_port", ctr.PORT_SERVER, *_same_blas_kernels(), "train.py", *args]
+            "--start_port", ctr.PORT_SERVER, *ctr.same_blas_kernels(), "train.py", *args]
     here = tmp_path / "here"
     here.mkdir()
     r = dispatcher.run(argv, 240, cwd=here, env=ctr.clean_env(PYTHONPATH=REPO))
