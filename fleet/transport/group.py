@@ -51,6 +51,7 @@ import logging
 import math
 import os
 import pickle
+import sys
 import threading
 import time
 
@@ -87,6 +88,8 @@ _DOWN_GRACE_MS = 1000
 _REPORT_LINGER_MS = 1000  # how long closing waits for a loss report to leave  # a dropped connection counts as lost once no goodbye came for this long
 _COUNTERS = ("operations", "messages_sent", "messages_received", "bytes_sent", "bytes_received", "stale_messages",
              "malformed_messages")
+_SPARES = 2  # ring results kept for reuse: two, so `g = group.all_reduce(g)` in a loop reuses the one before last
+_SPARE_MIN_BYTES = 32 << 20  # glibc's largest mmap threshold: malloc maps every larger block afresh
 _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 _MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -145,6 +148,7 @@ class WorkerGroup:
         self._closed = False
         self._in_operation = False
         self._counters = collections.Counter(dict.fromkeys(_COUNTERS, 0))  # every key now: stats() may copy it
+        self._spares = []  # earlier ring results, reused once nothing else references them (_result_buffer)
         self._ctx = None
         self._auth = None
         self._router = None
@@ -377,7 +381,7 @@ class WorkerGroup:
         first = self._first_messages(call)
         self._check_descs(call, desc, first, ("kind", "op", "dtype", "shape", "algo"))
         ufunc = _UFUNCS[op]
-        out = np.empty_like(flat)
+        out = self._result_buffer(flat)
         sent_from_out = {}  # (segment, chunk) -> tracker of the send that reads out[region]
         # Reduce-scatter: at step s this rank adds its part to segment (r - s - 1)'s running
         # value, which started on rank (r - s - 1) and went round from there; the last step
@@ -409,6 +413,25 @@ class WorkerGroup:
                 out[lo:hi] = msg.arrays[0]
                 del msg
         self._wait_sent(call, tracks + list(sent_from_out.values()))
+        return out
+
+    def _result_buffer(self, like):
+        """Returns an array of ``like``'s size and dtype for a ring result.
+
+        From ``_SPARE_MIN_BYTES`` (32 MiB) on, malloc maps every array afresh, and the
+        page faults and the kernel's zeroing of every page cost as much CPU time as the
+        reduction itself; so such results are kept (the last ``_SPARES``) and an earlier
+        one that nothing outside this group references any more is reused (a caller's
+        array, or any view of it, holds a reference: a result still in use is never
+        chosen). Smaller arrays come from malloc, which reuses freed memory itself."""
+        if like.nbytes < _SPARE_MIN_BYTES:
+            return np.empty_like(like)
+        for spare in self._spares:  # a list iterator holds no reference to the items
+            # references: the list, the loop variable and getrefcount's argument
+            if spare.dtype == like.dtype and spare.size == like.size and sys.getrefcount(spare) == 3:
+                return spare
+        out = np.empty_like(like)
+        self._spares = [*self._spares[1 - _SPARES:], out]
         return out
 
     def _all_gather(self, call, flat, shape, kind):
@@ -584,12 +607,17 @@ class WorkerGroup:
         """Waits until ZeroMQ no longer reads the memory of the tracked sends."""
         pending = [t for t in trackers if t is not None and not t.done]
         while pending:
+            self._pump(0)  # connection events (liveness) and arrived messages
             self._check_peers(call.what, ())
-            if time.monotonic() >= call.deadline:
+            remaining = call.deadline - time.monotonic()
+            if remaining <= 0:
                 right = (self.rank + 1) % self.size
                 raise FleetTimeoutError(self._timeout_text(f"{call.what} (sending)", {right}, call.timeout_ms,
                                                            f"{settings.RPC_TIMEOUT_MS_ENV} or timeout_ms="))
-            self._pump(1)
+            try:  # wakes as soon as ZeroMQ releases the memory, not at the next poll tick
+                pending[0].wait(min(remaining, _POLL_MS / 1000.0))
+            except zmq.NotDone:
+                pass
             pending = [t for t in pending if not t.done]
 
     def _pump(self, timeout_ms):
@@ -835,6 +863,7 @@ class WorkerGroup:
             self._ctx.term()
             self._ctx = None
         self._inbox.clear()
+        self._spares = []
 
 
 class _Operation:
