@@ -23,7 +23,7 @@ dropped and counted; one of a later operation waits in an inbox for it.
 
 Algorithms: arrays of ``ring_min_bytes`` (RING_MIN_BYTES, 512 KiB) or more go round a
 ring: reduce-scatter then all-gather, every segment cut into chunks of ``chunk_bytes``
-(CHUNK_BYTES, 1 MiB) and each chunk sent on as soon as it is reduced, so the transfer of
+(CHUNK_BYTES, 4 MiB) and each chunk sent on as soon as it is reduced, so the transfer of
 one chunk overlaps the reduction of the next (bandwidth-optimal: each rank sends and
 receives 2(N-1)/N of the array). Smaller arrays go by a direct exchange (every rank sends
 its array to every other: one network latency). ``benchmarks/bench_collective.py``
@@ -74,8 +74,14 @@ RING_MIN_BYTES = 512 * 1024
 Measured by benchmarks/bench_collective.py: on one host (2 cores, loopback) the direct
 exchange was faster up to 256 KiB and the ring from 512 KiB-1 MiB on, for 2 to 4 ranks.
 Over links slower than the CPU, the ring pays off earlier: lower ``ring_min_bytes``."""
-CHUNK_BYTES = 1 << 20
-"""Largest piece of a ring segment sent in one message (the unit of pipelining)."""
+CHUNK_BYTES = 4 << 20
+"""Largest piece of a ring segment sent in one message (the unit of pipelining). Every
+message costs wake-ups of ZeroMQ's I/O thread, this thread and pyzmq's garbage collector
+(zero-copy frames): on one host (2 cores, loopback), where the CPU and not a link is the
+limit, 4 MiB chunks took ~25% less CPU time than 1 MiB ones for a 64 MiB all_reduce over
+2 processes (benchmarks/bench_collective.py). Larger chunks still save a little there,
+but a segment of one chunk leaves a link idle while the next rank reduces it: 4 MiB keeps
+two or more chunks per segment for arrays of 8 MiB per rank and more."""
 REDUCE_OPS = ("sum", "mean", "max", "min")
 REDUCE_DTYPES = ("float32", "float64", "int32", "int64")
 ENDPOINTS_ENV = "PADDLE_TRAINER_ENDPOINTS"
