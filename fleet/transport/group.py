@@ -23,7 +23,7 @@ dropped and counted; one of a later operation waits in an inbox for it.
 
 Algorithms: arrays of ``ring_min_bytes`` (RING_MIN_BYTES, 512 KiB) or more go round a
 ring: reduce-scatter then all-gather, every segment cut into chunks of ``chunk_bytes``
-(CHUNK_BYTES, 1 MiB) and each chunk sent on as soon as it is reduced, so the transfer of
+(CHUNK_BYTES, 4 MiB) and each chunk sent on as soon as it is reduced, so the transfer of
 one chunk overlaps the reduction of the next (bandwidth-optimal: each rank sends and
 receives 2(N-1)/N of the array). Smaller arrays go by a direct exchange (every rank sends
 its array to every other: one network latency). ``benchmarks/bench_collective.py``
@@ -51,6 +51,7 @@ import logging
 import math
 import os
 import pickle
+import sys
 import threading
 import time
 
@@ -73,8 +74,14 @@ RING_MIN_BYTES = 512 * 1024
 Measured by benchmarks/bench_collective.py: on one host (2 cores, loopback) the direct
 exchange was faster up to 256 KiB and the ring from 512 KiB-1 MiB on, for 2 to 4 ranks.
 Over links slower than the CPU, the ring pays off earlier: lower ``ring_min_bytes``."""
-CHUNK_BYTES = 1 << 20
-"""Largest piece of a ring segment sent in one message (the unit of pipelining)."""
+CHUNK_BYTES = 4 << 20
+"""Largest piece of a ring segment sent in one message (the unit of pipelining). Every
+message costs wake-ups of ZeroMQ's I/O thread, this thread and pyzmq's garbage collector
+(zero-copy frames): on one host (2 cores, loopback), where the CPU and not a link is the
+limit, 4 MiB chunks took ~25% less CPU time than 1 MiB ones for a 64 MiB all_reduce over
+2 processes (benchmarks/bench_collective.py). Larger chunks still save a little there,
+but a segment of one chunk leaves a link idle while the next rank reduces it: 4 MiB keeps
+two or more chunks per segment for arrays of 8 MiB per rank and more."""
 REDUCE_OPS = ("sum", "mean", "max", "min")
 REDUCE_DTYPES = ("float32", "float64", "int32", "int64")
 ENDPOINTS_ENV = "PADDLE_TRAINER_ENDPOINTS"
@@ -87,6 +94,8 @@ _DOWN_GRACE_MS = 1000
 _REPORT_LINGER_MS = 1000  # how long closing waits for a loss report to leave  # a dropped connection counts as lost once no goodbye came for this long
 _COUNTERS = ("operations", "messages_sent", "messages_received", "bytes_sent", "bytes_received", "stale_messages",
              "malformed_messages")
+_SPARES = 2  # ring results kept for reuse: two, so `g = group.all_reduce(g)` in a loop reuses the one before last
+_SPARE_MIN_BYTES = 32 << 20  # glibc's largest mmap threshold: malloc maps every larger block afresh
 _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 _MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -145,6 +154,7 @@ class WorkerGroup:
         self._closed = False
         self._in_operation = False
         self._counters = collections.Counter(dict.fromkeys(_COUNTERS, 0))  # every key now: stats() may copy it
+        self._spares = []  # earlier ring results, reused once nothing else references them (_result_buffer)
         self._ctx = None
         self._auth = None
         self._router = None
@@ -377,7 +387,7 @@ class WorkerGroup:
         first = self._first_messages(call)
         self._check_descs(call, desc, first, ("kind", "op", "dtype", "shape", "algo"))
         ufunc = _UFUNCS[op]
-        out = np.empty_like(flat)
+        out = self._result_buffer(flat)
         sent_from_out = {}  # (segment, chunk) -> tracker of the send that reads out[region]
         # Reduce-scatter: at step s this rank adds its part to segment (r - s - 1)'s running
         # value, which started on rank (r - s - 1) and went round from there; the last step
@@ -409,6 +419,25 @@ class WorkerGroup:
                 out[lo:hi] = msg.arrays[0]
                 del msg
         self._wait_sent(call, tracks + list(sent_from_out.values()))
+        return out
+
+    def _result_buffer(self, like):
+        """Returns an array of ``like``'s size and dtype for a ring result.
+
+        From ``_SPARE_MIN_BYTES`` (32 MiB) on, malloc maps every array afresh, and the
+        page faults and the kernel's zeroing of every page cost as much CPU time as the
+        reduction itself; so such results are kept (the last ``_SPARES``) and an earlier
+        one that nothing outside this group references any more is reused (a caller's
+        array, or any view of it, holds a reference: a result still in use is never
+        chosen). Smaller arrays come from malloc, which reuses freed memory itself."""
+        if like.nbytes < _SPARE_MIN_BYTES:
+            return np.empty_like(like)
+        for spare in self._spares:  # a list iterator holds no reference to the items
+            # references: the list, the loop variable and getrefcount's argument
+            if spare.dtype == like.dtype and spare.size == like.size and sys.getrefcount(spare) == 3:
+                return spare
+        out = np.empty_like(like)
+        self._spares = [*self._spares[1 - _SPARES:], out]
         return out
 
     def _all_gather(self, call, flat, shape, kind):
@@ -584,12 +613,17 @@ class WorkerGroup:
         """Waits until ZeroMQ no longer reads the memory of the tracked sends."""
         pending = [t for t in trackers if t is not None and not t.done]
         while pending:
+            self._pump(0)  # connection events (liveness) and arrived messages
             self._check_peers(call.what, ())
-            if time.monotonic() >= call.deadline:
+            remaining = call.deadline - time.monotonic()
+            if remaining <= 0:
                 right = (self.rank + 1) % self.size
                 raise FleetTimeoutError(self._timeout_text(f"{call.what} (sending)", {right}, call.timeout_ms,
                                                            f"{settings.RPC_TIMEOUT_MS_ENV} or timeout_ms="))
-            self._pump(1)
+            try:  # wakes as soon as ZeroMQ releases the memory, not at the next poll tick
+                pending[0].wait(min(remaining, _POLL_MS / 1000.0))
+            except zmq.NotDone:
+                pass
             pending = [t for t in pending if not t.done]
 
     def _pump(self, timeout_ms):
@@ -835,6 +869,7 @@ class WorkerGroup:
             self._ctx.term()
             self._ctx = None
         self._inbox.clear()
+        self._spares = []
 
 
 class _Operation:

@@ -244,6 +244,35 @@ def test_the_input_is_not_modified_and_the_result_is_a_new_array(groups):
             np.testing.assert_array_equal(results[r], np.full((5, 4), 6.0, np.float32))
 
 
+def test_a_large_ring_result_s_memory_is_reused_only_once_nothing_references_it(groups, monkeypatch):
+    monkeypatch.setattr(group_module, "_SPARE_MIN_BYTES", 1)  # what 32 MiB arrays do, on small ones
+    ranks = groups[2]
+    set_path(ranks, ring=True, chunk_bytes=4096)
+    parts = [[data(r, "float64", (3000,), seed) for r in range(2)] for seed in range(5)]
+    sums = [p[0] + p[1] for p in parts]  # two ranks: every order of the sum is the same
+
+    def reduce(i):
+        return ok(ranks.run(lambda g: g.all_reduce(parts[i][g.rank], "sum")))
+
+    first = reduce(0)
+    second = reduce(1)  # the first results are still held: new memory
+    first_addresses = [a.ctypes.data for a in first]
+    for r in range(2):
+        assert not np.shares_memory(first[r], second[r])
+        np.testing.assert_array_equal(first[r], sums[0])
+    del first
+    third = reduce(2)  # nothing references the first results any more: their memory comes back
+    assert [a.ctypes.data for a in third] == first_addresses
+    views = [s[10:20] for s in second]  # a view keeps the second results in use
+    del second
+    fourth = reduce(3)
+    for r in range(2):
+        assert not np.shares_memory(fourth[r], views[r]) and not np.shares_memory(fourth[r], third[r])
+        np.testing.assert_array_equal(views[r], sums[1][10:20])
+        np.testing.assert_array_equal(third[r], sums[2])
+        np.testing.assert_array_equal(fourth[r], sums[3])
+
+
 def test_barrier_and_all_gather_object(groups):
     ranks = groups[3]
     ok(ranks.run(lambda g: g.barrier()))
