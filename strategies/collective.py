@@ -160,6 +160,14 @@ class HybridStrategy(DistributedStrategy):
     Flags: as `AsyncStrategy` (sync_mode=False, runtime_split_send_recv=True; build
     async_mode=True), and the threads of a worker meet every step
     (use_thread_barrier=True) for the all-reduce.
+
+    One update per step, as in sync training: ``merge_async_pushes`` defaults to 0 here,
+    so the servers average the one push each worker makes per step into one update of
+    the tables (the examples of every thread of every worker, as the dense update).
+    Setting it to 1 applies each worker's push on arrival instead (Paddle's async): the
+    tables then take one update per worker per step, each from a worker's share of the
+    examples, which trains them faster than sync does (a different model, not a closer
+    one).
     """
 
     _MODE = "hybrid"
@@ -167,5 +175,6 @@ class HybridStrategy(DistributedStrategy):
     def _configure(self):
         self._program_config.sync_mode = False
         self._program_config.runtime_split_send_recv = True
+        self._program_config.merge_async_pushes = 0
         self._build_strategy.async_mode = True
         self._execute_strategy.use_thread_barrier = True

@@ -87,7 +87,9 @@ class DistributeTranspilerConfig(Settings):
         "workers still training (a worker's async threads push separately: give workers x "
         "threads for them). Merging keeps a worker's gradients about one update stale "
         "instead of one per other worker (accuracy as workers are added); read batch_size / "
-        "workers per worker so an update still averages batch_size examples.",
+        "workers per worker so an update still averages batch_size examples. The hybrid "
+        "strategy's servers merge too (default 0 there: one update per step of all workers, "
+        "as sync).",
     )
     mode = Field(
         "pserver",

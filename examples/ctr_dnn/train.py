@@ -50,13 +50,14 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch_size", type=int, default=1000,
                    help="examples per parameter update (default 1000). Each thread reads batch_size divided "
-                        "by what one update averages: sync workers x threads, half-async threads (x pushes "
-                        "merged), async pushes merged (1 by default), GEO workers (their progress is averaged)")
+                        "by what one update averages: sync, hybrid and collective workers x threads, half-async "
+                        "threads (x pushes merged), async pushes merged (1 by default), GEO workers (their "
+                        "progress is averaged)")
     p.add_argument("--threads", type=int, default=2, help="training threads per worker")
     p.add_argument("--merge_pushes", type=int, default=1,
                    help="async / half-async: servers average this many pushes into one update (1: each on "
                         "arrival, Paddle's async; 0: one per worker still training); each thread then reads "
-                        "batch_size / pushes merged")
+                        "batch_size / pushes merged. Hybrid servers merge one push per worker (its default)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adagrad"])
     p.add_argument("--sparse_feature_dim", type=int, default=1000001)
@@ -106,7 +107,8 @@ def thread_batch_size(args):
     merged = args.merge_pushes or fleet.worker_num()  # pushes one async update averages
     # GEO servers average the workers' progress (each sends its change / workers), so
     # as in sync, workers x batch examples make one step's worth of progress.
-    # Collective and hybrid average every thread of every worker into one dense update, as sync.
+    # Collective and hybrid average every thread of every worker into one update, as sync
+    # (hybrid servers merge one push per worker into one update of the tables).
     share = {"sync": args.threads * fleet.worker_num(), "half_async": args.threads * merged,
              "async": merged, "geo": fleet.worker_num(), "hybrid": args.threads * fleet.worker_num(),
              "collective": args.threads * fleet.worker_num()}[args.strategy]

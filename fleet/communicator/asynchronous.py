@@ -11,7 +11,10 @@
   after it, and the sparse rows of its next batch are pulled in the background during
   the current step, after its previous step was sent; so each step computes on
   parameters that hold every one of this thread's updates but the last (at most one
-  batch of its own staleness) while the network work overlaps the computation.
+  batch of its own staleness) while the network work overlaps the computation. Threads
+  in lock step (the hybrid strategy, or a Reduce build strategy) are pipelined the same
+  way per step: ``prepare_step`` pulls the rows of every batch of the next step at once
+  (one request per server and table), after the previous step was sent.
 """
 import collections
 import concurrent.futures
@@ -30,6 +33,7 @@ from fleet.framework.tensor import SparseRows
 from fleet.logs import WaitLog
 
 AHEAD_KEPT = 4  # pulls ahead kept per training thread and table
+STEP = "step"  # the key of pulls ahead for lock-step threads (with the table)
 SEND_WAIT_PERIOD_S = 0.01  # one of Paddle's communicator_send_wait_times periods
 
 log = logging.getLogger("fleet")
@@ -47,19 +51,29 @@ def _copy(value):
 
 class _Ahead:
     """A background pull of the rows one training thread's next batch needs: ``ids`` as
-    the prefetch op will flatten them, the future of their PrefetchedRows."""
+    the prefetch op will flatten them, the future of their PrefetchedRows (for a
+    lock-step batch, those of its whole step: a superset), and the step it was prepared
+    for (lock step; else None)."""
 
-    __slots__ = ("ids", "future")
+    __slots__ = ("ids", "future", "step")
 
-    def __init__(self, ids, future):
+    def __init__(self, ids, future, step=None):
         self.ids = ids
         self.future = future
+        self.step = step
+
+
+def _flat_ids(values):
+    return np.concatenate([np.asarray(getattr(v, "values", v), dtype=np.int64).reshape(-1) for v in values])
 
 
 @register("async")
 class AsyncCommunicator(Communicator):
     mode = "async"
     prefetch_ahead = True
+    # Every server gets a push each round, also one without rows for it, so servers that
+    # merge one push per worker (the hybrid strategy's) count every worker's step.
+    push_to_every_server = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -81,6 +95,7 @@ class AsyncCommunicator(Communicator):
         self._tls = threading.local()  # per training thread: the last send's round
         self._ahead = {}  # (thread id, table) -> deque of _Ahead, oldest first
         self._ahead_lock = threading.Lock()
+        self._steps_prepared = 0
         self._pool = None
         self.stats["prefetches_ahead_used"] = 0
         # staleness (telemetry): steps handed to send() and steps whose round was sent
@@ -129,7 +144,7 @@ class AsyncCommunicator(Communicator):
             values = [feed.get(n) for n in names]
             if any(v is None for v in values):
                 continue
-            ids = np.concatenate([np.asarray(getattr(v, "values", v), dtype=np.int64).reshape(-1) for v in values])
+            ids = _flat_ids(values)
             future = self._pool.submit(self._pull_after, last, table, ids)
             with self._ahead_lock:
                 # The trainer prepares batch t+1 before it runs batch t, so a thread has up
@@ -137,6 +152,31 @@ class AsyncCommunicator(Communicator):
                 jobs = self._ahead.setdefault((me, table), collections.deque())
                 jobs.append(_Ahead(ids, future))
                 while len(jobs) > AHEAD_KEPT:  # batches prepared and never run (a failed pass)
+                    jobs.popleft()
+
+    def prepare_step(self, feeds):
+        """Pulls the rows of every batch of the lock-step threads' next step in the
+        background, one pull per table for the whole step, once the calling thread's last
+        step (the previous one) was sent. Never blocks."""
+        if not self.prefetch_inputs or self._pool is None:
+            return
+        last = getattr(self._tls, "last", None)
+        with self._ahead_lock:
+            self._steps_prepared += 1
+            step = self._steps_prepared
+        for table, names in self.prefetch_inputs.items():
+            batches = []
+            for feed in feeds:
+                values = [feed.get(n) for n in names]
+                if not any(v is None for v in values):
+                    batches.append(_flat_ids(values))
+            if not batches:
+                continue
+            future = self._pool.submit(self._pull_after, last, table, np.concatenate(batches))
+            with self._ahead_lock:
+                jobs = self._ahead.setdefault((STEP, table), collections.deque())
+                jobs.extend(_Ahead(ids, future, step) for ids in batches)
+                while jobs[0].step < step - 1:  # steps prepared and never run (a failed pass)
                     jobs.popleft()
 
     def _pull_after(self, last, table, ids):
@@ -158,6 +198,13 @@ class AsyncCommunicator(Communicator):
                         for _ in range(i + 1):  # this one and any older, unused pulls
                             jobs.popleft()
                         break
+                if ahead is None:  # a batch of a lock-step step: any thread may run it
+                    jobs = self._ahead.get((STEP, table))
+                    for i, job in enumerate(jobs or ()):
+                        if np.array_equal(ids, job.ids):
+                            ahead = job
+                            del jobs[i]
+                            break
         if ahead is not None:
             self._count("prefetches_ahead_used")
             return ahead.future.result()
@@ -283,7 +330,8 @@ class AsyncCommunicator(Communicator):
                 done.update(ev for _, ev in items)
                 grads[name] = reduce_gradients([g for g, _ in items], average=not self.sum_merge)
         if grads:
-            requests = self._requests("push", self.split_grads(grads))
+            requests = self._requests("push", self.split_grads(grads),
+                                      {"steps": popped} if self.push_to_every_server else None)
             if requests:
                 self._all(requests)
             self._count("sends")

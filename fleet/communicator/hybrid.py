@@ -8,6 +8,13 @@ thread, servers applying them on arrival) plus the collective exchange of
 updates itself with the mean of all workers' gradients each step (so they stay identical
 on every worker, as in sync training, while the tables train at async speed). Pass ends,
 unequal shards and failures of other workers behave as in the collective mode.
+
+The tables get one update per step, as in sync training: the trainer combines a
+worker's threads into one step, each step is one push to every server (also one without
+rows for it), and the servers average one push per worker into one update
+(``merge_async_pushes`` = 0, the hybrid strategy's default). The rows of the next step
+are pulled in the background while the current one computes (``prepare_step``), after
+the previous step was sent: a step's rows miss at most the last step's table updates.
 """
 from fleet.communicator.api import register
 from fleet.communicator.asynchronous import AsyncCommunicator
@@ -21,6 +28,8 @@ class HybridCommunicator(GroupSteps, AsyncCommunicator):
     Args: those of ``fleet.communicator.base.Communicator``, plus ``make_group`` (callable
     returning the joined ``WorkerGroup``).
     """
+
+    push_to_every_server = True
 
     def __init__(self, plan, worker_id, scope, flags, connect, liveness=None, make_group=None):
         super().__init__(plan, worker_id, scope, flags, connect, liveness=liveness)

@@ -10,7 +10,9 @@ The dataset trainer calls, per pass (one ``train_from_dataset`` call):
 1. ``begin_pass(threads)`` once, from the calling thread, before any batch is read;
 2. from each training thread, for every batch: ``prepare_batch(feed)`` with the feed of
    the batch this thread will run *next* (only when ``prefetch_ahead`` is true), then
-   the program runs the current batch;
+   the program runs the current batch; when the threads run in lock step (below), the
+   thread that runs the steps calls ``prepare_step(feeds)`` instead, once per step, with
+   the feeds of the *next* step (one per thread);
 3. ``thread_finished()`` from each training thread as it ends (also after an error);
 4. ``end_pass()`` once, from the calling thread, after every training thread ended
    (also after an error);
@@ -48,7 +50,9 @@ class TrainingHooks:
         requires_thread_barrier: the training threads average their gradients each step.
         allows_split_batches: with requires_thread_barrier, a Reduce build strategy may
             split each batch across the threads.
-        prefetch_ahead: call ``prepare_batch`` with each thread's next batch.
+        prefetch_ahead: call ``prepare_batch`` with each thread's next batch
+            (``prepare_step`` with the next step's batches when the threads run in
+            lock step).
         who: how errors name this process ("worker 1 of 2"), or "".
     """
 
@@ -64,6 +68,13 @@ class TrainingHooks:
         """The calling training thread will run ``feed`` ({name: value}) after its current
         batch: start fetching what that batch needs. Must not block on the network; must
         not modify ``feed``. Called from training threads concurrently (thread-safe)."""
+
+    def prepare_step(self, feeds):
+        """The lock-step threads will run ``feeds`` (a list of {name: value}, one per
+        thread) as their next step, after the current one: start fetching what that step
+        needs. Called from the thread that runs the steps, once per step, only when
+        ``prefetch_ahead`` is true. Must not block on the network; must not modify the
+        feeds."""
 
     def thread_finished(self):
         """The calling training thread has run its last batch of the pass."""

@@ -181,11 +181,19 @@ class DatasetTrainer:
         runners = [Runner(self.plan, self.scope.new_scope()) for _ in range(self.threads)]
         from concurrent.futures import ThreadPoolExecutor
 
+        # With prefetch_ahead the next step's batches are read before this one runs, so
+        # their remote rows come while it computes (as in the Hogwild loop).
+        ahead = self.hooks.prefetch_ahead and not self.serial
+        following = self._next_group(source) if ahead else None
         with ThreadPoolExecutor(self.threads, thread_name_prefix="fleet-train") as pool:
             while not self._stop.is_set():
-                batches = self._next_group(source)
+                batches = following if ahead else self._next_group(source)
                 if not batches:
                     break
+                if ahead:
+                    following = self._next_group(source)
+                    if following:
+                        self.hooks.prepare_step(following)
                 active = runners[: len(batches)]
                 if self.split:
                     group = (id(self), self._batches)

@@ -9,8 +9,10 @@ Per mode:
 - sync: ``sync_push`` carries a worker's step gradients; when every live worker has sent
   its step, the server averages (sum / contributors), applies the optimizer once, and
   answers each worker with the fresh values of its dense blocks.
-- async / half-async: ``push`` applies gradients on arrival (DC-ASGD optional). A hybrid
-  job's servers hold only its tables and behave as async ones.
+- async / half-async: ``push`` applies gradients on arrival (DC-ASGD optional), or
+  averages a window of ``merge_pushes`` pushes into one update. A hybrid job's servers
+  hold only its tables and behave as async ones; its strategy merges one push per worker
+  (``merge_async_pushes`` = 0), so the tables take one update per step, as in sync.
 - GEO: ``geo_push`` adds deltas and answers with the dense blocks and the sparse rows
   changed since this worker's last GEO exchange.
 

@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 
 import fleet.framework as fw
+from fleet import layers, optimizer
 from fleet.communicator import make_communicator
-from fleet.framework.tensor import LoDTensor
+from fleet.communicator.asynchronous import AsyncCommunicator
+from fleet.framework.tensor import LoDTensor, SparseRows
+from fleet.transpiler.plan import build_plan
 from fleet.transport import Client, ServerSocket, serving
+from strategies import DistributedStrategyFactory
 from test_communicator_liveness import _plan
 
 PUSH_DELAY_S = 0.3
@@ -200,3 +204,103 @@ def test_a_single_sender_does_not_wait_for_a_second_step(merging_job):
     comm.flush()
     assert _nonzero(pushes) == [1.0, 2.0, 3.0]
     assert time.monotonic() - start < 2.0  # three waits for a second step would take 3 s
+
+
+def _feed(ids):
+    return {"ids": LoDTensor(np.asarray(ids, dtype=np.int64), np.array([0, len(ids)], dtype=np.int64))}
+
+
+def test_a_lock_step_step_is_pulled_ahead_in_one_request_after_the_previous_step_was_sent(job):
+    """prepare_step: one pull per table for every batch of the next step, made once the
+    step before was sent; each thread's prefetch (from any thread) takes its batch's rows."""
+    comm, plan, server = job
+    comm.send(_grads(plan))  # queued: the push is answered 0.3 s later
+    comm.prepare_step([_feed([7, 3, 7]), _feed([9, 3])])
+    got = {}
+
+    def thread_runs(ids):
+        got[tuple(ids)] = comm.prefetch("t", np.asarray(ids, dtype=np.int64))
+
+    other = threading.Thread(target=thread_runs, args=([9, 3],))
+    other.start()  # the second batch's thread may ask first
+    other.join()
+    thread_runs([7, 3, 7])
+    for ids, rows in got.items():
+        np.testing.assert_array_equal(rows.values[rows.local(np.asarray(ids)), 0], ids)
+    assert comm.stats["prefetches_ahead_used"] == 2
+    assert comm.stats["prefetches"] == 1  # one pull for the whole step
+    assert server.first("sent push") < server.first("got pull_sparse")
+
+
+def test_lock_step_pulls_ahead_are_used_in_the_trainers_order_whatever_thread_asks(job):
+    comm, plan, server = job
+    steps = [[[4 * t, 4 * t + 1], [4 * t + 2, 4 * t + 3, 48]] for t in range(4)]
+    comm.prepare_step([_feed(ids) for ids in steps[0]])
+    for t, batches in enumerate(steps):
+        if t + 1 < len(steps):
+            comm.prepare_step([_feed(ids) for ids in steps[t + 1]])  # before step t runs
+        for ids in reversed(batches):
+            rows = comm.prefetch("t", np.asarray(ids, dtype=np.int64))
+            np.testing.assert_array_equal(rows.values[rows.local(np.asarray(ids)), 0], ids)
+        comm.send(_grads(plan))
+    assert comm.stats["prefetches_ahead_used"] == 8
+    assert comm.stats["prefetches"] == len(steps)
+
+
+def test_steps_prepared_and_never_run_are_dropped(job):
+    comm, plan, server = job
+    for t in range(5):  # a failed pass: steps prepared, none run
+        comm.prepare_step([_feed([t])])
+    assert [job.step for job in comm._ahead[("step", "t")]] == [4, 5]
+
+
+@pytest.fixture
+def two_servers():
+    pushes = {0: [], 1: []}
+
+    def handler(index):
+        def handle(request):
+            if request.op == "push":
+                pushes[index].append(list(request.names))
+                request.reply()
+            elif request.op == "pull_dense":
+                request.reply(request.meta["blocks"], [np.zeros((6, 2), np.float32)])
+            else:
+                request.reply()
+        return handle
+
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(serving(ServerSocket("127.0.0.1:0"), handler(i), poll_ms=5, threaded=True))
+                   for i in range(2)]
+        yield [s.endpoint for s in servers], pushes
+
+
+def test_a_hybrid_worker_pushes_to_every_server_each_step(two_servers):
+    """Servers merging one push per worker must see every worker's step, also one that
+    has no rows of theirs: the hybrid communicator sends every server a push per round."""
+    endpoints, pushes = two_servers
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
+        a = layers.sequence_pool(layers.embedding(ids, size=[50, 2], is_sparse=True, param_attr="a"), "sum")
+        b = layers.sequence_pool(layers.embedding(ids, size=[50, 2], is_sparse=True, param_attr="b"), "sum")
+        optimizer.SGD(0.1).minimize(layers.mean(layers.elementwise_add(a, b)))
+    plan = build_plan(main, DistributedStrategyFactory.create_async_strategy(), endpoints, 1)
+    holder = {p.name: p.blocks[0].endpoint for p in plan.params.values()}
+    assert sorted(holder.values()) == sorted(endpoints), holder  # a on one server, b on the other
+    grad_a = plan.params["a"].grad
+    for every in (False, True):
+        comm = make_communicator("async", plan, 0, fw.Scope(), FLAGS, connect=lambda ep: Client(ep, 0, timeout_ms=10000))
+        assert isinstance(comm, AsyncCommunicator)
+        comm.push_to_every_server = every
+        comm.start()
+        try:
+            comm.send({grad_a: SparseRows(np.array([1, 2], np.int64), np.ones((2, 2), np.float32), 50)})
+            comm.flush()
+        finally:
+            comm.stop()
+        other = endpoints.index(holder["b"])
+        assert pushes[1 - other] == [["a@ROWS", "a@VALUES"]]
+        assert pushes[other] == ([[]] if every else [])
+        pushes[0].clear()
+        pushes[1].clear()

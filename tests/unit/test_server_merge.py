@@ -84,3 +84,21 @@ def test_the_setting_is_validated_with_its_fix():
     assert config.merge_async_pushes == 1
     with pytest.raises(ConfigError, match=r"merge_async_pushes=-1 .*config.merge_async_pushes = 0"):
         config.merge_async_pushes = -1
+
+
+def test_a_push_without_rows_counts_as_its_workers_share_of_the_window():
+    """A hybrid worker whose step has no rows on this server still pushes (nothing): the
+    update is the mean over the workers' steps, the empty one adding zero, as in sync."""
+    ps = merging(workers=2, merge=0)
+    push(ps, 0, 1.0, rows=[5])
+    assert handle(ps, "push", 1, [], []).answer[0] == "ok"
+    t = ps.blocks["t"][2].pull()
+    np.testing.assert_allclose(t[5], 2.0 - LR * 1.0 / 2)
+    np.testing.assert_allclose(w_value(ps), 1.0 - LR * 1.0 / 2)
+
+
+def test_the_hybrid_strategy_merges_one_push_per_worker_by_default():
+    from strategies import DistributedStrategyFactory
+
+    assert DistributedStrategyFactory.create_hybrid_strategy().get_program_config().merge_async_pushes == 0
+    assert DistributedStrategyFactory.create_async_strategy().get_program_config().merge_async_pushes == 1
