@@ -4,6 +4,7 @@ HTTP and parsed with prometheus_client's parser), and --live_summary 1 prints it
 import os
 import random
 import re
+import time
 import socket
 
 import pytest
@@ -74,6 +75,10 @@ def test_a_job_serves_growing_counters_and_fleetrun_prints_a_live_summary(tmp_pa
     assert _one(server, "fleet_server_table_rows", table="emb", kind="sparse") == 1000
     assert _one(server, "fleet_server_workers") == 2 and _one(server, "fleet_server_workers_lost") == 0
     assert set(_one(server, "fleet_server_worker_heartbeat_age_seconds", worker=w) < 15 for w in "01") == {True}
+    # Let --live_summary 1 make at least two rounds while every process still trains (on a
+    # busy machine the steps above can all fit in its first second, and its rounds after the
+    # stop only see the server).
+    time.sleep(2.5)
     (out / "stop").write_text("")
     stdout, stderr = procs.communicate(launcher, 60)
     assert launcher.returncode == 0, stderr
