@@ -149,13 +149,20 @@ def test_a_host_cut_off_from_a_collective_job_is_named_and_every_fleetrun_ends(
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("fleetrun: exit 1: host ") and f"({h2.addr}:{ctr.PORT_WORKER}) of the worker group " \
         "is lost" in last, last
-    # the survivors (workers 0 and 2) named rank 1 on h2 as lost, bounded by the heartbeat timeout
+    # the survivors (workers 0 and 2): the first to notice names rank 1 on h2 as lost, bounded
+    # by the heartbeat timeout; the dispatcher may stop the other before it notices too
+    named = 0
     for i, h in ((0, h1), (2, h3)):
         log = (dispatch.here / "log" / h.addr / f"workerlog.{i}").read_text()
-        assert re.search(rf"rank 1 \({re.escape(h2.addr)}:{ctr.PORT_WORKER}\) of the worker group is lost: .*"
-                         r"FLEET_HEARTBEAT_TIMEOUT_MS=3000", log), log[-2000:]
         result = json.loads((dispatch.here / "log" / h.addr / "fleetrun-result.json").read_text())
         assert result["exit_code"] != 0, result
+        if re.search(rf"rank 1 \({re.escape(h2.addr)}:{ctr.PORT_WORKER}\) of the worker group is lost: .*"
+                     r"FLEET_HEARTBEAT_TIMEOUT_MS=3000", log):
+            named += 1
+        else:
+            ends = [p["end"] for p in result["processes"] if p["role"] == "worker"]
+            assert ends and all("stopped by fleetrun" in e for e in ends), (ends, log[-2000:])
+    assert named >= 1
     # h2's own fleetrun (unreachable now: its result stays there) ends non-zero by itself
     h2_result = os.path.join(dispatch.workspace_log(h2), "fleetrun-result.json")
     deadline = time.monotonic() + 30
