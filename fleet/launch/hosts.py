@@ -44,8 +44,8 @@ import uuid
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (BLAS_THREAD_VARIABLES, EXIT_OK, EXIT_PROCESS_FAILED,
                                  EXIT_TIMEOUT, EXIT_USAGE)
-from fleet.launch.local import die_with_parent, SignalCatcher
-from fleet.launch.report import SAY_LOGGER, plural, say
+from fleet.launch.local import SignalCatcher, die_with_parent, signal_group
+from fleet.launch.report import SAY_LOGGER, plural, say, signal_name, write_stdout
 from fleet.logs import WaitLog
 
 PREFLIGHT_SECONDS = 10.0
@@ -396,16 +396,9 @@ def run_bounded(argv, timeout, stdin=subprocess.DEVNULL, input_=None):
         out, err = proc.communicate(input_, timeout=timeout)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        signal_group(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         return None, out, err
-
-
-def _kill_group(pgid, sig=signal.SIGKILL):
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def in_parallel(hosts, work, timeout, what):
@@ -816,7 +809,7 @@ class _HostsJob:
             with remote.proc.stdout:
                 for chunk in iter(lambda: remote.proc.stdout.read1(1 << 16), b""):
                     if streams_stdout:
-                        _write_stdout(chunk)
+                        write_stdout(chunk)
                     else:
                         with lock:
                             log.write(chunk.decode("utf-8", "replace"))
@@ -912,7 +905,7 @@ class _HostsJob:
             if r.exit_time is None:
                 say(f"host {r.name}: its fleetrun did not end within {limit:g} s of its stdin "
                     "closing; killing its ssh")
-                _kill_group(r.proc.pid)
+                signal_group(r.proc.pid, signal.SIGKILL)
         for r in running:
             r.threads[-1].join(5.0)
 
@@ -994,7 +987,7 @@ class _HostsJob:
             if cause:
                 log = os.path.join(self.config.log_dir, r.name, os.path.basename(cause.get("log") or ""))
                 code = cause.get("exit_code")
-                how = (f"was killed by {_signal_name(-code)}" if isinstance(code, int) and code < 0
+                how = (f"was killed by {signal_name(-code)}" if isinstance(code, int) and code < 0
                        else f"exited with code {code}")
                 error = cause.get("error")
                 candidates.append((_is_consequence(error), cause.get("exit_time") or float("inf"),
@@ -1096,22 +1089,3 @@ def _spans(counts):
         spans.append(((s, s + servers), (w, w + workers)))
         s, w = s + servers, w + workers
     return spans
-
-
-def _signal_name(number):
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _write_stdout(chunk):
-    try:
-        out = getattr(sys.stdout, "buffer", None)
-        if out is None:
-            sys.stdout.write(chunk.decode("utf-8", "replace"))
-        else:
-            out.write(chunk)
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        pass

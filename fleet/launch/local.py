@@ -17,7 +17,7 @@ from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (EXIT_OK, EXIT_PROCESS_FAILED, EXIT_TIMEOUT, LaunchConfig,
                                  binds_any, process_environment)
 from fleet.launch.report import (SAY_LOGGER, TAIL_LINES, last_error, plural, say, signal_name,
-                                 tail)
+                                 tail, write_stdout)
 from fleet.launch.summary import LiveSummary
 from fleet.logs import WaitLog, wait_log_ms
 
@@ -288,19 +288,13 @@ class _LogStreamer(threading.Thread):
                     self._done.wait(_POLL_SECONDS)
 
     def _write(self, chunk):
-        try:
-            out = getattr(sys.stdout, "buffer", None)
-            if out is None:
-                sys.stdout.write(chunk.decode("utf-8", "replace"))
-            else:
-                out.write(chunk)
-            sys.stdout.flush()
-            return True
-        except (OSError, ValueError) as e:
+        error = write_stdout(chunk)
+        if error is not None:
             # stdout closed (e.g. piped into `head`): keep the job running, say where the
             # output still is.
-            say(f"stopped copying {self._path} to stdout ({e}); the full log is in that file")
+            say(f"stopped copying {self._path} to stdout ({error}); the full log is in that file")
             return False
+        return True
 
     def finish(self, timeout):
         """Copy what is left and stop. Blocks up to timeout seconds."""
@@ -574,7 +568,7 @@ class _Job:
             ch.stopped_by_us = True
             ch.stop_reason = ch.stop_reason or reason
             ch.stop_signal = "SIGTERM"
-            _signal_group(ch.popen.pid, signal.SIGTERM)
+            signal_group(ch.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.kill_timeout
         while (any(ch.returncode is None for ch in children)
                and time.monotonic() < deadline and not self.signals.hurry):
@@ -582,7 +576,7 @@ class _Job:
         for ch in children:
             if ch.returncode is None:
                 ch.stop_signal = "SIGKILL"
-                _signal_group(ch.popen.pid, signal.SIGKILL)
+                signal_group(ch.popen.pid, signal.SIGKILL)
         for ch in children:
             if not ch.wait(_REAP_SECONDS):
                 say(f"{ch.label} did not die {_REAP_SECONDS:g} s after SIGKILL (stuck in the "
@@ -593,13 +587,14 @@ class _Job:
         # command, a helper): they must not outlive the job.
         for ch in self.children:
             if ch.returncode is not None and not _pid_exists(ch.popen.pid):
-                _signal_group(ch.popen.pid, signal.SIGKILL)
+                signal_group(ch.popen.pid, signal.SIGKILL)
 
 
-def _signal_group(pgid, sig):
+def signal_group(pgid, sig):
+    """Send sig to a process group; a group already gone (or not ours) is left alone."""
     try:
         os.killpg(pgid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass  # the whole group is gone already
 
 

@@ -24,6 +24,25 @@ class _SayLogger:
 SAY_LOGGER = _SayLogger()
 
 
+def write_stdout(chunk):
+    """Copy bytes to fleetrun's stdout and flush.
+
+    Returns:
+        None, or the OSError / ValueError that stopped the write (stdout closed, e.g.
+        piped into ``head``): the caller decides whether to say so.
+    """
+    try:
+        out = getattr(sys.stdout, "buffer", None)
+        if out is None:
+            sys.stdout.write(chunk.decode("utf-8", "replace"))
+        else:
+            out.write(chunk)
+        sys.stdout.flush()
+    except (OSError, ValueError) as e:
+        return e
+    return None
+
+
 def signal_name(number):
     try:
         return signal.Signals(number).name
