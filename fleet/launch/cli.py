@@ -130,6 +130,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a process fails, how long the others may take to exit by "
                         "themselves before they are stopped, so their logs say what they saw "
                         f"(default: {DEFAULT_FAILURE_GRACE:g}; 0: at once)")
+    heal = p.add_argument_group(
+        "restarting a failed job (--max_restarts)",
+        textwrap.fill(
+        "With --max_restarts K, when a process fails fleetrun stops every process of the job (as "
+        "without it) and starts them all again, up to K times (Paddle's and torchrun's name). Each "
+        "process gets FLEET_RESTART_COUNT (0, then 1..K) and FLEET_MAX_RESTARTS. A script that "
+        "checkpoints with fleet.CheckpointConfig and resumes as fleet/checkpoint.py shows "
+        "(servers: fleet.init_server(fleet.latest_checkpoint(DIR)); workers: "
+        "fleet.load_checkpoint(exe, cfg) and train_from_dataset(..., checkpoint=cfg)) resumes "
+        "from its newest valid checkpoint: parameters, optimizer state, step, epoch and each "
+        "worker's place in its data; what was trained after that checkpoint is trained again. "
+        "Each restart is said on stderr and appended to LOG_DIR/restarts.log with its cause "
+        "(role, index, host, exit code or signal, the error line); an attempt's logs move to "
+        "LOG_DIR/attempt-N/. fleetrun's last lines list every failure in order; it exits 0 when "
+        "an attempt succeeds, 1 after the K-th restart failed too. On several hosts: with "
+        "--hosts the dispatcher restarts every host together; each per-host fleetrun given "
+        "--max_restarts restarts its own processes when they fail, which they do on every "
+        "host once any process of the job is lost (heartbeats). docs/elastic_restart.md says "
+        "what survives what.", width=86))
+    heal.add_argument("--max_restarts", "--max_restart", type=int, default=0, metavar="K",
+                      help="restart the whole job up to K times after a failure (default: 0, the "
+                           "first failure ends the job)")
+    heal.add_argument("--restart_from_scratch", action="store_true",
+                      help="with --max_restarts: restart even when the script makes no "
+                           "fleet.CheckpointConfig (the job trains from the start again); without "
+                           "it, such a job stops at its first failure saying how to checkpoint")
     watch = p.add_argument_group(
         "watching a job (this host's processes; not with --hosts)",
         textwrap.fill(
@@ -333,7 +359,8 @@ def _make_config(args, servers, workers, **more):
                         failure_grace=args.failure_grace,
                         stop_on_stdin_eof=args.stop_on_stdin_eof, result_json=args.result_json,
                         metrics_port=args.metrics_port, live_summary=args.live_summary,
-                        collective=args.collective, **more)
+                        collective=args.collective, max_restarts=args.max_restarts,
+                        restart_from_scratch=args.restart_from_scratch, **more)
 
 
 def _split_endpoints(text, option):
