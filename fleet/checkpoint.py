@@ -56,6 +56,7 @@ import re
 import shutil
 import threading
 import time
+import zlib
 
 from fleet.errors import ConfigError, DataError
 from fleet.framework import io as fio
@@ -225,8 +226,10 @@ def note_checkpoint_dir(checkpoint_dir):
         return
     try:
         os.makedirs(state, exist_ok=True)
-        with open(os.path.join(state, f"{CHECKPOINT_NOTE}{os.getpid()}"), "w") as f:
-            f.write(os.path.abspath(checkpoint_dir))
+        path = os.path.abspath(checkpoint_dir)
+        name = f"{CHECKPOINT_NOTE}{os.getpid()}.{zlib.crc32(path.encode()):08x}"
+        with open(os.path.join(state, name), "w") as f:
+            f.write(path)
     except OSError as e:
         log.warning("fleet: could not note the checkpoint directory for fleetrun in %s (%s)", state, e)
 
