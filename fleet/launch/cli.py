@@ -438,7 +438,8 @@ def hosts_config_from_args(args: argparse.Namespace) -> hosts_module.HostsConfig
         start_port=6170 if args.start_port is None else args.start_port,
         insecure=args.insecure, log_dir=args.log_dir, env=tuple(args.env),
         kill_timeout=args.kill_timeout, server_exit_timeout=args.server_exit_timeout,
-        failure_grace=args.failure_grace, timeout=args.timeout)
+        failure_grace=args.failure_grace, timeout=args.timeout, max_restarts=args.max_restarts,
+        restart_from_scratch=args.restart_from_scratch)
 
 
 def _check_no_watch_options(args):

@@ -33,6 +33,7 @@ from fleet.checkpoint import latest_checkpoint, noted_checkpoint_dirs
 from fleet.errors import FleetError
 from fleet.launch.config import EXIT_OK, EXIT_PROCESS_FAILED, restart_state_dir
 from fleet.launch.report import plural, say
+from fleet.transport.settings import heartbeat_timeout_ms
 
 RESTARTS_LOG = "restarts.log"
 
@@ -110,7 +111,38 @@ def run_with_restarts(config, make_job, signals):
         if decision is not None:
             return decision
         keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
+        if config.multi_host and not settle_other_hosts(config, failures[-1].time, signals):
+            return conclude(config.log_dir, 128 + signals.received, failures, config.max_restarts)
         attempt += 1
+
+
+def settle_seconds(config):
+    """How long a per-host fleetrun waits after a failure before its restart: the
+    heartbeat timeout (by then every process of the job on every host has noticed the
+    loss and failed), --failure_grace (by then every host's fleetrun has stopped its
+    processes) and 2 s."""
+    return heartbeat_timeout_ms() / 1000.0 + config.failure_grace + 2.0
+
+
+def settle_other_hosts(config, failed_at, signals):
+    """Per-host fleetruns (no dispatcher) agree on a restart without talking to each
+    other: a failure anywhere ends every process of the job on every host within the
+    heartbeat timeout (liveness), so each host's fleetrun restarts its own processes once
+    its own failed, and starts them only settle_seconds after that failure, when no old
+    process of the job is left on any host to talk to the new ones. The new processes
+    then wait for each other up to FLEET_CONNECT_TIMEOUT_MS. Blocks; returns False when
+    fleetrun got a signal meanwhile."""
+    wait = failed_at + settle_seconds(config) - time.time()
+    if wait > 0:
+        say(f"waiting {wait:.1f} s before the restart, so that every other host's processes of the "
+            f"job have ended too (FLEET_HEARTBEAT_TIMEOUT_MS {heartbeat_timeout_ms()} ms + "
+            f"--failure_grace {config.failure_grace:g} s + 2 s after the failure)")
+    deadline = time.monotonic() + max(0.0, wait)
+    while time.monotonic() < deadline:
+        if signals.received:
+            return False
+        time.sleep(0.05)
+    return not signals.received
 
 
 def decide_restart(log_dir, failures, max_restarts, from_scratch, checkpoint_dirs):
