@@ -70,7 +70,9 @@ how a job ends:
 
 exit codes:
   0              every worker exited 0
-  1              a process failed (or could not be started); the report names it
+  1              a process failed (or could not be started); the report names it. With
+                 --max_restarts K: the K-th restart failed too (every failure listed),
+                 or the script makes no checkpoint (see --restart_from_scratch)
   2              bad arguments, a taken port, a missing script or an unusable log
                  directory; nothing was started
   124            --timeout expired; everything was stopped
@@ -81,6 +83,8 @@ examples:
   python -m fleet.launch --servers 127.0.0.1:6170,127.0.0.1:6171 --worker_num 2 train.py
   fleetrun --server_num 1 --worker_num 2 --start_port 6170 --log_dir logs train.py
   fleetrun --server_num 0 train.py        # local training: one process, no servers
+  fleetrun --server_num 2 --worker_num 2 --max_restarts 2 train.py --checkpoint_dir ckpt
+                                          # restart from the newest checkpoint on a failure
   fleetrun --server_num 1 --worker_num 2 --metrics_port 9100 --live_summary 10 train.py
   fleetrun --collective --worker_num 4 train.py   # collective: 4 workers, no servers
   fleetrun --collective --workers 10.0.0.1:6170,10.0.0.2:6170 --keys_dir keys train.py
@@ -147,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
         "an attempt succeeds, 1 after the K-th restart failed too. On several hosts: with "
         "--hosts the dispatcher restarts every host together; each per-host fleetrun given "
         "--max_restarts restarts its own processes when they fail, which they do on every "
-        "host once any process of the job is lost (heartbeats). docs/elastic_restart.md says "
-        "what survives what.", width=86))
+        "host once any process of the job is lost (heartbeats), FLEET_HEARTBEAT_TIMEOUT_MS + "
+        "--failure_grace + 2 s after its failure, when no old process is left on any host. "
+        "docs/elastic_restart.md says what survives what.", width=86))
     heal.add_argument("--max_restarts", "--max_restart", type=int, default=0, metavar="K",
                       help="restart the whole job up to K times after a failure (default: 0, the "
                            "first failure ends the job)")
