@@ -130,6 +130,8 @@ class CheckpointConfig:
         self._saving = False
         self._resume_skip = 0          # batches of the current epoch to skip on its next pass
         self._position_file = None     # this worker's place in its data (async modes)
+        self._resumed_from = None      # the save_id of the checkpoint this job resumed from
+        self._resumed_positions = {}   # that checkpoint's positions
         note_checkpoint_dir(self.checkpoint_dir)
 
     def __repr__(self):
@@ -193,6 +195,8 @@ class CheckpointConfig:
             os.makedirs(os.path.dirname(self._position_file), exist_ok=True)
         with self._lock:
             skip, self._resume_skip = self._resume_skip, 0
+            if self._position_file is not None:
+                self._write_position()  # this attempt's place, before its first batch
             return skip
 
     def _write_position(self):
@@ -200,7 +204,8 @@ class CheckpointConfig:
         # place or the new one.
         tmp = f"{self._position_file}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            f.write(json.dumps({"epoch": self.epoch, "batches": self.global_step - self._epoch_start}))
+            f.write(json.dumps({"epoch": self.epoch, "batches": self.global_step - self._epoch_start,
+                                "resumed_from": self._resumed_from}))
         os.replace(tmp, self._position_file)
 
     def _restore(self, extra, worker_index=0):
@@ -213,6 +218,8 @@ class CheckpointConfig:
                 epoch_step = int(place.get("batches") or 0)
             self._epoch_start = self.global_step - epoch_step
             self._resume_skip = epoch_step
+            self._resumed_from = extra.get("save_id")
+            self._resumed_positions = dict(extra.get("positions") or {})
             self._last_step = self.global_step
             self._last_time = time.monotonic()
 
@@ -275,9 +282,14 @@ def _positions(fleet, config, epoch, epoch_step):
             continue
         try:
             with open(os.path.join(folder, f"worker-{i}")) as f:
-                positions[str(i)] = json.load(f)
+                place = json.load(f)
         except (OSError, ValueError):
-            positions[str(i)] = {"epoch": epoch, "batches": 0}  # not started yet
+            place = None
+        if place is None or place.get("resumed_from") != config._resumed_from:
+            # Not started yet in this attempt (its file, if any, is an earlier attempt's): it
+            # will resume where the checkpoint this attempt started from put it.
+            place = config._resumed_positions.get(str(i)) or {"epoch": epoch, "batches": 0}
+        positions[str(i)] = {"epoch": int(place.get("epoch", epoch)), "batches": int(place.get("batches") or 0)}
     return positions
 
 

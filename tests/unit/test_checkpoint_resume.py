@@ -339,7 +339,8 @@ def test_async_workers_record_their_own_place_and_the_checkpoint_holds_every_wor
         for _ in range(batches):
             cfg.after_step(None)
         places[index] = (tmp_path / "c" / ".positions" / f"worker-{index}").read_text()
-    assert places == {1: '{"epoch": 0, "batches": 7}', 2: '{"epoch": 0, "batches": 3}'}
+    assert places == {1: '{"epoch": 0, "batches": 7, "resumed_from": null}',
+                      2: '{"epoch": 0, "batches": 3, "resumed_from": null}'}
     positions = ckpt._positions(_AsyncFleet(0, 3), fleet.CheckpointConfig(str(tmp_path / "c")), 0, 5)
     assert positions == {"0": {"epoch": 0, "batches": 5}, "1": {"epoch": 0, "batches": 7},
                          "2": {"epoch": 0, "batches": 3}}
@@ -352,6 +353,20 @@ def test_async_workers_record_their_own_place_and_the_checkpoint_holds_every_wor
         assert (cfg.begin_pass(), cfg.begin_pass()) == (skip, 0)
     cfg._restore(dict(extra, positions={"2": {"epoch": 1, "batches": 9}}), 2)
     assert cfg.epoch_step == 5
+
+
+def test_after_a_resume_a_worker_not_yet_started_keeps_the_place_the_checkpoint_gave_it(tmp_path, monkeypatch):
+    # worker 1's file is the first attempt's (150 batches); the job resumed from a checkpoint
+    # that put it at 40: until worker 1 writes this attempt's place, the next checkpoint keeps 40
+    folder = tmp_path / "c" / ".positions"
+    folder.mkdir(parents=True)
+    (folder / "worker-1").write_text('{"epoch": 0, "batches": 150, "resumed_from": null}')
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"))
+    cfg._restore({"step": 40, "epoch": 0, "epoch_step": 40, "save_id": "abc",
+                  "positions": {"0": {"epoch": 0, "batches": 40}, "1": {"epoch": 0, "batches": 38}}}, 0)
+    assert ckpt._positions(_AsyncFleet(0, 2), cfg, 0, 45)["1"] == {"epoch": 0, "batches": 38}
+    (folder / "worker-1").write_text('{"epoch": 0, "batches": 44, "resumed_from": "abc"}')
+    assert ckpt._positions(_AsyncFleet(0, 2), cfg, 0, 45)["1"] == {"epoch": 0, "batches": 44}
 
 
 def test_a_checkpoint_config_notes_its_directory_for_fleetrun_only_under_max_restarts(tmp_path, monkeypatch):
