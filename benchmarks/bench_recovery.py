@@ -18,7 +18,8 @@ SIGKILL. Measured from this process, polling the logs every 10 ms:
   the resumed pass's ``resuming the epoch after the K batches``), examples: that times
   the per-thread batch times 2 workers; at most one checkpoint interval of training;
 - ``test_auc`` of the final model and its difference from an undisturbed run of the
-  same job (``auc_minus_undisturbed``; sync resumes exactly, so 0 is expected).
+  same job (``auc_minus_undisturbed``; sync resumes exactly, so 0 is expected; with
+  ``--undisturbed_runs N`` the mean of N runs, and each run's AUC is listed).
 
 Prints one JSON line. The machine's load shifts every time: run it on an idle machine.
 
@@ -152,21 +153,28 @@ def main():
     p.add_argument("--strategy", default="sync", choices=["sync", "async"],
                    help="sync (default: resumes exactly) or async (each worker resumes at its own recorded "
                         "place; runs differ by timing, so the AUC difference includes run-to-run noise)")
+    p.add_argument("--undisturbed_runs", type=int, default=1,
+                   help="undisturbed runs to compare with (their mean; more than one shows async's run-to-run "
+                        "spread)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one job may take")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="bench-recovery-")
     try:
         data = os.path.join(work, "data")
         generate_data(data, args.lines)
-        say("undisturbed run")
-        reference_model = os.path.join(work, "undisturbed")
-        run("undisturbed", [sys.executable, "-m", "fleet.launch", "--server_num", "2", "--worker_num", "2",
-                            "--log_dir", os.path.join(reference_model, "log"),
-                            *_train_args(args, data, reference_model, ["--print_period", "0"])], args.timeout)
-        reference = test_auc("undisturbed", os.path.join(reference_model, "epoch_0"), data)
+        references = []
+        for n in range(args.undisturbed_runs):
+            say(f"undisturbed run {n + 1}")
+            reference_model = os.path.join(work, f"undisturbed-{n}")
+            run("undisturbed", [sys.executable, "-m", "fleet.launch", "--server_num", "2", "--worker_num", "2",
+                                "--log_dir", os.path.join(reference_model, "log"),
+                                *_train_args(args, data, reference_model, ["--print_period", "0"])], args.timeout)
+            references.append(test_auc("undisturbed", os.path.join(reference_model, "epoch_0"), data))
+        reference = sum(references) / len(references)
         result = {"job": f"CTR-DNN {args.strategy}, 2 servers x 2 workers, 1 thread each, 1 epoch", "lines": args.lines,
                   "batch_size": args.batch_size, "checkpoint_seconds": args.checkpoint_seconds,
                   "kill_after_s": args.kill_after, "undisturbed_test_auc": round(reference, 4),
+                  "undisturbed_test_aucs": [round(a, 4) for a in references],
                   "goal_recovery_s": GOAL_S, "load_average_1m": round(os.getloadavg()[0], 2)}
         for role, index in (("server", 0), ("worker", 1)):
             say(f"kill -9 of {role} {index}")

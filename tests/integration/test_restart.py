@@ -18,7 +18,7 @@ import pytest
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "ctr_dnn")
 FLEETRUN = (sys.executable, "-m", "fleet.launch")
-CTR = ("--epochs", "2", "--strategy", "sync", "--threads", "1", "--print_period", "0",
+CTR = ("--epochs", "1", "--strategy", "sync", "--threads", "1", "--print_period", "0",
        "--sparse_feature_dim", "100001", "--batch_size", "500")
 AUC_BOUND = 0.005
 
@@ -37,7 +37,7 @@ def _run(args, cwd=EXAMPLE, timeout=120):
 
 
 def _test_auc(model_dir, data):
-    out = _run(["infer.py", "--model_dir", str(model_dir / "epoch_1"), "--data_dir", str(data),
+    out = _run(["infer.py", "--model_dir", str(model_dir / "epoch_0"), "--data_dir", str(data),
                 "--sparse_feature_dim", "100001"])
     return json.loads(out.strip().splitlines()[-1])["auc"]
 
