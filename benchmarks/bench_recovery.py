@@ -132,7 +132,8 @@ def measure(args, work, data, role, index):
     before = [int(n) for n in _BATCH.findall(_read(os.path.join(log, "attempt-0", "workerlog.0")))]
     resumed_log = _read(worker0)
     resumed = _RESUMED.search(resumed_log)
-    thread_batch = int(_THREAD_BATCH.search(resumed_log).group(1))
+    said = _THREAD_BATCH.search(resumed_log)  # train.py says so when it is not --batch_size (sync)
+    thread_batch = int(said.group(1)) if said else args.batch_size
     redone = before[-1] - int(resumed.group(1)) if before and resumed else None
     auc = test_auc(f"{role} killed", os.path.join(model, "epoch_0"), data)
     return {"pid_killed": pid, "recovery_s": training_again - killed, "to_restart_s": restart_at - killed,
