@@ -195,8 +195,8 @@ def test_a_restart_of_a_hosts_job_names_the_failed_process_and_its_host(tmp_path
     command = job._remote_command(job.remotes[1], attempt=1)
     assert "FLEET_RESTART_COUNT=1 FLEET_MAX_RESTARTS=2 FLEET_RESTART_STATE_DIR=/w/log/b/.restart" in command
     (tmp_path / "a" / ".restart").mkdir(parents=True)
-    (tmp_path / "a" / ".restart" / "checkpoint_dir.1.0").write_text("/shared/ckpt")
-    assert job._noted_checkpoint_dirs() == ["/shared/ckpt"]
+    (tmp_path / "a" / ".restart" / "checkpoint_dir.1.0").write_text("/mnt/nfs/ckpt")
+    assert job._noted_checkpoint_dirs() == ["/mnt/nfs/ckpt"]
     job._keep_attempt_logs(0)
     assert (tmp_path / "attempt-0" / "a" / ".restart" / "checkpoint_dir.1.0").is_file()
     assert sorted(os.listdir(tmp_path / "a")) == []
