@@ -61,6 +61,8 @@ def benchmarks(quick):
         ("scaling_merged", ["bench_scaling.py", "--lines", "50000" if quick else "200000",
                             "--trainers", "1,2,4" if quick else "1,2,4,8", "--timeout", "300",
                             "--strategies", "sync,async,half_async", "--merge_pushes", "0"]),
+        # kill -9 of a server, then of a worker, of a sync job under fleetrun --max_restarts 2
+        ("recovery", ["bench_recovery.py", "--lines", "100000" if quick else "200000"]),
         # three hosts as network namespaces, links uncapped and capped by tc tbf
         ("cluster", ["bench_cluster.py", "--lines", "30000" if quick else "60000",
                      "--caps", "none,100mbit" if quick else "none,1gbit,100mbit"]),
@@ -161,7 +163,37 @@ def figure_rows(r):
                      status(None if diff is None else -abs(diff), -0.01)))
     rows += scaling_goal_rows(r)
     rows += scaling_goal_rows(r, "scaling_merged", ", merge_async_pushes=0")
+    rows += recovery_goal_rows(r)
     return rows
+
+
+def recovery_goal_rows(r):
+    """bench_recovery: kill -9 to training again, per role, goal < 20 s with 5 s checkpoints."""
+    rows = []
+    for role in ("server", "worker"):
+        v = get(r, "recovery", role, "recovery_s")
+        rows.append((f"recovery after kill -9 of a {role} (--max_restarts, checkpoint every "
+                     f"{fmt(get(r, 'recovery', 'checkpoint_seconds'), '{:g}')} s)", "< 20 s to training again",
+                     f"{fmt(v, '{:.1f}')} s; test AUC {fmt(get(r, 'recovery', role, 'auc_minus_undisturbed'), '{:+.4f}')} "
+                     f"vs undisturbed", status(v, 20.0, at_least=False)))
+    return rows
+
+
+def recovery_rows(r):
+    rows = []
+    for role in ("server", "worker"):
+        x = get(r, "recovery", role)
+        if not x:
+            continue
+        rows.append((f"{role} {1 if role == 'worker' else 0}", fmt(x.get("recovery_s"), "{:.1f}"),
+                     fmt(x.get("to_restart_s"), "{:.1f}"), fmt(x.get("restart_to_training_s"), "{:.1f}"),
+                     f"{fmt(x.get('redone_batches'))} ({fmt(x.get('redone_examples'))} examples)",
+                     fmt(x.get("test_auc"), "{:.4f}"), fmt(x.get("auc_minus_undisturbed"), "{:+.4f}")))
+    return rows
+
+
+RECOVERY_HEADER = ("killed", "kill to training again (s)", "kill to restart (s)", "restart to first step (s)",
+                   "batches trained again", "test AUC", "vs undisturbed")
 
 
 def distributed_goal_rows(r):
@@ -435,6 +467,19 @@ def write_report(path, results, args, started):
         "capped runs show how much each strategy depends on bandwidth.",
         "",
         table(CLUSTER_HEADER, cluster_rows(results)),
+        "",
+        "## Recovery under fleetrun --max_restarts",
+        "",
+        f"`bench_recovery.py`: {get(results, 'recovery', 'job') or 'n/a'}, "
+        f"{fmt(get(results, 'recovery', 'lines'))} generated lines, a checkpoint every "
+        f"{fmt(get(results, 'recovery', 'checkpoint_seconds'), '{:g}')} s, `--max_restarts 2`; the process gets "
+        f"SIGKILL {fmt(get(results, 'recovery', 'kill_after_s'), '{:g}')} s after the first trained batch. Kill to "
+        "restart: fleetrun sees the exit, waits --failure_grace (3 s) for the others and stops them; restart to "
+        "first step: every process started again, the servers load the checkpoint, the workers connect and skip "
+        "the batches the checkpoint holds. Batches trained again: worker 0's batches after the checkpoint, "
+        f"before the kill. Load average (1 min) at the start: {fmt(get(results, 'recovery', 'load_average_1m'), '{:.1f}')}.",
+        "",
+        table(RECOVERY_HEADER, recovery_rows(results)),
         "",
         "## Raw results",
         "",

@@ -19,17 +19,44 @@ every N steps and/or S seconds (``CheckpointConfig``), each one a complete
 
 What resuming restores: every parameter, its optimizer state (including scalar state such
 as Adam's beta powers), every distributed table with its optimizer state, the first
-worker's own persistables (metric states), and the counters ``global_step`` and
-``epoch``. What it does not: the position inside an interrupted epoch (the epoch is read
-again from its start; ``epoch_step`` in the manifest says how far it had got), nor the
-updates made after the checkpoint.
+worker's own persistables (metric states), the counters ``global_step`` and ``epoch``,
+and each worker's place in the interrupted epoch: the first ``train_from_dataset(...,
+checkpoint=cfg)`` pass after ``load_checkpoint`` skips the batches this worker had
+trained in that epoch when the checkpoint was taken, so they are not trained twice.
+What it does not restore: the updates made after the checkpoint (their batches are
+trained again, at most one checkpoint interval of them).
+
+Where each worker's place comes from (the manifest's ``positions``, {worker index:
+{"epoch": e, "batches": b}}):
+
+- sync, hybrid and collective (workers in lock step): the checkpoint is the state after
+  the checkpointing worker's step, which is every worker's same step, so every worker
+  resumes after as many batches of the epoch as the first worker had trained (exact).
+- async, half-async and GEO: each worker records its own place after every batch in
+  ``checkpoint_dir/.positions/worker-<i>`` and the first worker copies them into the
+  manifest as it saves. A worker's updates still queued in its communicator when its
+  place was read are skipped after a resume, and batches it trained while the save
+  read the servers are trained twice: both at most the batches a worker trains during
+  one save (its send queue plus the save's duration).
+
+The skip counts batches, so it resumes at the same examples when the dataset yields them
+in a fixed order: one reader thread (``dataset.set_thread(1)``, or ``--threads 1`` in
+the example) or an InMemoryDataset without shuffle. With several reader threads the
+files are read in parallel and the same number of batches is skipped, but which ones
+depends on the threads' timing. The checkpoint directory must be one directory that
+every worker and server reaches (one host, or a shared filesystem).
+
+Under ``fleetrun --max_restarts K`` fleetrun restarts the whole job after a failure and
+this idiom resumes it; ``FLEET_RESTART_COUNT`` tells the script which attempt it is.
 """
+import json
 import logging
 import os
 import re
 import shutil
 import threading
 import time
+import zlib
 
 from fleet.errors import ConfigError, DataError
 from fleet.framework import io as fio
@@ -37,6 +64,12 @@ from fleet.framework import io as fio
 log = logging.getLogger("fleet")
 
 PREFIX = "ckpt-"
+POSITIONS_DIR = ".positions"
+# Set by fleetrun --max_restarts: a directory where every CheckpointConfig (and
+# latest_checkpoint) notes its checkpoint directory, so that fleetrun can tell at a
+# failure whether the script checkpoints at all.
+RESTART_STATE_ENV = "FLEET_RESTART_STATE_DIR"
+CHECKPOINT_NOTE = "checkpoint_dir."
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _LEFTOVER = re.compile(r"^\.ckpt-\d+\.(tmp|old)-[0-9a-f]+$")
 
@@ -95,6 +128,11 @@ class CheckpointConfig:
         self._last_time = time.monotonic()
         self._lock = threading.Lock()
         self._saving = False
+        self._resume_skip = 0          # batches of the current epoch to skip on its next pass
+        self._position_file = None     # this worker's place in its data (async modes)
+        self._resumed_from = None      # the save_id of the checkpoint this job resumed from
+        self._resumed_positions = {}   # that checkpoint's positions
+        note_checkpoint_dir(self.checkpoint_dir)
 
     def __repr__(self):
         return (f"CheckpointConfig({self.checkpoint_dir!r}, step_interval={self.step_interval}, "
@@ -117,6 +155,8 @@ class CheckpointConfig:
         """
         with self._lock:
             self.global_step += int(steps)
+            if self._position_file is not None:
+                self._write_position()
             if self._saving or not self._due():
                 return None
             self._saving = True
@@ -132,14 +172,125 @@ class CheckpointConfig:
         with self._lock:
             self.epoch += 1
             self._epoch_start = self.global_step
+            self._resume_skip = 0
+            if self._position_file is not None:
+                self._write_position()
 
-    def _restore(self, extra):
+    @property
+    def epoch_step(self):
+        """Batches this worker trained in the current epoch (after a resume: counting
+        the ones it trained before the checkpoint)."""
+        with self._lock:
+            return self.global_step - self._epoch_start
+
+    def begin_pass(self):
+        """Called by ``train_from_dataset`` before a pass: returns how many batches the
+        pass must skip (the ones this worker trained in this epoch before the checkpoint
+        it resumed from; 0 but once after ``fleet.load_checkpoint``), and starts recording
+        this worker's place when the job's workers are not in lock step."""
+        fleet = _fleet()
+        if self._position_file is None and not _lockstep(fleet):
+            self._position_file = os.path.join(self.checkpoint_dir, POSITIONS_DIR,
+                                               f"worker-{fleet.worker_index()}")
+            os.makedirs(os.path.dirname(self._position_file), exist_ok=True)
+        with self._lock:
+            skip, self._resume_skip = self._resume_skip, 0
+            if self._position_file is not None:
+                self._write_position()  # this attempt's place, before its first batch
+            return skip
+
+    def _write_position(self):
+        # Under self._lock. One small file replaced atomically: a reader sees the old
+        # place or the new one.
+        tmp = f"{self._position_file}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"epoch": self.epoch, "batches": self.global_step - self._epoch_start,
+                                "resumed_from": self._resumed_from}))
+        os.replace(tmp, self._position_file)
+
+    def _restore(self, extra, worker_index=0):
         with self._lock:
             self.global_step = int(extra.get("step") or 0)
             self.epoch = int(extra.get("epoch") or 0)
-            self._epoch_start = self.global_step - int(extra.get("epoch_step") or 0)
+            epoch_step = int(extra.get("epoch_step") or 0)
+            place = (extra.get("positions") or {}).get(str(worker_index))
+            if place is not None and int(place.get("epoch", -1)) == self.epoch:
+                epoch_step = int(place.get("batches") or 0)
+            self._epoch_start = self.global_step - epoch_step
+            self._resume_skip = epoch_step
+            self._resumed_from = extra.get("save_id")
+            self._resumed_positions = dict(extra.get("positions") or {})
             self._last_step = self.global_step
             self._last_time = time.monotonic()
+
+
+def note_checkpoint_dir(checkpoint_dir):
+    """Under ``fleetrun --max_restarts``: notes that this process uses checkpoints in
+    ``checkpoint_dir`` (a file in FLEET_RESTART_STATE_DIR), so fleetrun can tell a job
+    that checkpoints from one that does not. Does nothing otherwise."""
+    state = os.environ.get(RESTART_STATE_ENV, "").strip()
+    if not state:
+        return
+    try:
+        os.makedirs(state, exist_ok=True)
+        path = os.path.abspath(checkpoint_dir)
+        name = f"{CHECKPOINT_NOTE}{os.getpid()}.{zlib.crc32(path.encode()):08x}"
+        with open(os.path.join(state, name), "w") as f:
+            f.write(path)
+    except OSError as e:
+        log.warning("fleet: could not note the checkpoint directory for fleetrun in %s (%s)", state, e)
+
+
+def noted_checkpoint_dirs(state_dir):
+    """The checkpoint directories the processes of a job noted (``note_checkpoint_dir``),
+    sorted; empty when none made a CheckpointConfig."""
+    found = set()
+    try:
+        names = os.listdir(state_dir)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        if name.startswith(CHECKPOINT_NOTE):
+            try:
+                with open(os.path.join(state_dir, name)) as f:
+                    found.add(f.read().strip())
+            except OSError:
+                continue
+    return sorted(d for d in found if d)
+
+
+def _lockstep(fleet):
+    """True when every worker trains the same steps at once (or there is one worker)."""
+    runtime = fleet._runtime
+    if runtime is None:
+        return True
+    plan = getattr(runtime, "plan", None)
+    mode = getattr(plan, "mode", None) or getattr(runtime, "save_mode", None)
+    return mode in ("sync", "hybrid", "collective") or fleet.worker_num() == 1
+
+
+def _positions(fleet, config, epoch, epoch_step):
+    """{worker index: {"epoch", "batches"}} of every worker, for the manifest."""
+    workers = 1 if fleet._runtime is None else fleet.worker_num()
+    mine = {"epoch": epoch, "batches": epoch_step}
+    if _lockstep(fleet):
+        return {str(i): dict(mine) for i in range(workers)}
+    positions = {str(fleet.worker_index()): mine}
+    folder = os.path.join(config.checkpoint_dir, POSITIONS_DIR)
+    for i in range(workers):
+        if str(i) in positions:
+            continue
+        try:
+            with open(os.path.join(folder, f"worker-{i}")) as f:
+                place = json.load(f)
+        except (OSError, ValueError):
+            place = None
+        if place is None or place.get("resumed_from") != config._resumed_from:
+            # Not started yet in this attempt (its file, if any, is an earlier attempt's): it
+            # will resume where the checkpoint this attempt started from put it.
+            place = config._resumed_positions.get(str(i)) or {"epoch": epoch, "batches": 0}
+        positions[str(i)] = {"epoch": int(place.get("epoch", epoch)), "batches": int(place.get("batches") or 0)}
+    return positions
 
 
 def list_checkpoints(checkpoint_dir):
@@ -173,6 +324,7 @@ def latest_checkpoint(checkpoint_dir):
         DataError: there are checkpoints but none is valid (resuming from nothing would
             silently lose the training they hold; the message says how to start fresh).
     """
+    note_checkpoint_dir(checkpoint_dir)
     found = list_checkpoints(checkpoint_dir)
     for _, path in reversed(found):
         if is_valid_checkpoint(path):
@@ -202,8 +354,10 @@ def save_checkpoint(executor, config):
         epoch_step = step - config._epoch_start
     path = os.path.join(config.checkpoint_dir, f"{PREFIX}{step}")
     started = time.monotonic()
+    positions = _positions(fleet, config, epoch, epoch_step)
     fleet._save_persistables(executor, path, None,
-                             {"kind": "checkpoint", "step": step, "epoch": epoch, "epoch_step": epoch_step})
+                             {"kind": "checkpoint", "step": step, "epoch": epoch, "epoch_step": epoch_step,
+                              "positions": positions})
     with config._lock:
         config._last_step = step
         config._last_time = time.monotonic()
@@ -263,5 +417,5 @@ def load_checkpoint(executor, config):
     if extra.get("save_id") != info.get("save_id"):
         raise ConfigError(f"{path} was rewritten after the servers loaded it; restart the job")
     fleet.load_persistables(executor, path)
-    config._restore(extra)
+    config._restore(extra, fleet.worker_index())
     return path

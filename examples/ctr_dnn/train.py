@@ -19,6 +19,12 @@ worker merges its AUC buckets with the others' (``fleet.metrics.auc``, a collect
 and the first worker prints ``epoch N: global auc <auc> over <W> workers``: the AUC of the
 epoch's training predictions of every worker together. The AUC states are zeroed at the
 start of each epoch, so both AUCs are the epoch's own.
+
+With ``--checkpoint_dir DIR`` the first worker checkpoints every ``--checkpoint_steps``
+batches and/or ``--checkpoint_seconds`` seconds (``fleet.CheckpointConfig``), and a
+restarted job resumes from the newest valid checkpoint there (servers load it, workers
+resume step, epoch and their place in their files): run it under ``fleetrun
+--max_restarts K`` and a failed job restarts by itself (README.md shows it).
 """
 import argparse
 import glob
@@ -63,7 +69,29 @@ def parse_args(argv=None):
     p.add_argument("--sparse_feature_dim", type=int, default=1000001)
     p.add_argument("--print_period", type=int, default=50, help="batches between progress lines (0: none)")
     p.add_argument("--seed", type=int, default=1)
-    return p.parse_args(argv)
+    p.add_argument("--checkpoint_dir", default=None,
+                   help="checkpoint into DIR and resume from its newest valid checkpoint (default: none)")
+    p.add_argument("--checkpoint_steps", type=int, default=None,
+                   help="with --checkpoint_dir: checkpoint every N batches of the first worker")
+    p.add_argument("--checkpoint_seconds", type=float, default=None,
+                   help="with --checkpoint_dir: checkpoint every S seconds (default 60 when neither "
+                        "--checkpoint_steps nor this is given)")
+    p.add_argument("--checkpoint_keep", type=int, default=2, help="newest checkpoints kept (default 2)")
+    args = p.parse_args(argv)
+    if args.checkpoint_dir is None and (args.checkpoint_steps or args.checkpoint_seconds):
+        p.error("--checkpoint_steps / --checkpoint_seconds need --checkpoint_dir DIR")
+    if args.checkpoint_dir and not (args.checkpoint_steps or args.checkpoint_seconds):
+        args.checkpoint_seconds = 60.0
+    return args
+
+
+def make_checkpoint_config(args):
+    """The job's fleet.CheckpointConfig, or None without --checkpoint_dir."""
+    if not args.checkpoint_dir:
+        return None
+    return fleet.CheckpointConfig(args.checkpoint_dir, step_interval=args.checkpoint_steps,
+                                  seconds_interval=args.checkpoint_seconds,
+                                  max_num_checkpoints=args.checkpoint_keep)
 
 
 def make_strategy(args):
@@ -130,7 +158,8 @@ def job_metrics(summary, auc_states):
     """
     _, _, stat_pos, stat_neg = auc_states
     global_auc = fleet.metrics.auc(stat_pos, stat_neg)
-    last_loss = float(summary["fetch"]["loss"].reshape(-1)[0])
+    loss = summary["fetch"].get("loss")  # None after a resume that found the epoch trained already
+    last_loss = float(loss.reshape(-1)[0]) if loss is not None else 0.0
     loss, examples = fleet.metrics.sum(np.array([last_loss, summary["examples"]], dtype=np.float64))
     workers = fleet.worker_num()
     return {"global_auc": global_auc, "loss": loss / workers, "examples": int(examples), "workers": workers}
@@ -144,13 +173,18 @@ def main(argv=None):
     inputs, avg_cost, auc, batch_auc, _, auc_states = ctr_dnn_model(args.sparse_feature_dim)
     fleet.distributed_optimizer(make_optimizer(args), make_strategy(args)).minimize(avg_cost)
 
+    cfg = make_checkpoint_config(args)
     if fleet.is_server():
-        fleet.init_server()
+        fleet.init_server(fleet.latest_checkpoint(args.checkpoint_dir) if cfg else None)  # None: fresh start
         fleet.run_server()
         return
     fleet.init_worker()
     exe = fleet.Executor()
     exe.run(fleet.startup_program)
+    resumed = fleet.load_checkpoint(exe, cfg) if cfg else None
+    if resumed and fleet.is_first_worker():
+        print(f"resumed from {resumed}: epoch {cfg.epoch}, step {cfg.global_step} (restart "
+              f"{os.environ.get('FLEET_RESTART_COUNT', '0')})", flush=True)
     files = sorted(glob.glob(os.path.join(args.data_dir, "train", "*")))
     if not files:
         raise SystemExit(f"no train files in {args.data_dir}/train: run generate_data.py first")
@@ -168,14 +202,16 @@ def main(argv=None):
     os.makedirs(args.model_dir, exist_ok=True)
     metrics = os.path.join(args.model_dir, "metrics.jsonl")
     scope = fleet.global_scope()
-    for epoch in range(args.epochs):
-        for state in auc_states:  # the epoch's AUC, not the run's so far
-            scope[state.name][...] = 0
+    for epoch in range(cfg.epoch if cfg else 0, args.epochs):
+        if not (resumed and cfg.epoch_step):  # a resumed epoch keeps the AUC states the checkpoint had
+            for state in auc_states:  # the epoch's AUC, not the run's so far
+                scope[state.name][...] = 0
+        resumed = None
         handler = MetricsLog(metrics, {"loss": avg_cost, "auc": auc}, epoch) if fleet.is_first_worker() else None
         started = time.time()
         summary = exe.train_from_dataset(fleet.main_program, dataset, fetch_list=[avg_cost, auc],
                                          fetch_info=["loss", "auc"], print_period=args.print_period,
-                                         fetch_handler=handler)
+                                         fetch_handler=handler, checkpoint=cfg)
         print(f"epoch {epoch}: {summary['examples']} examples, {summary['examples_per_sec']:,.0f} examples/s, "
               f"train auc {float(summary['fetch'].get('auc', [float('nan')])[0]):.4f}, "
               f"pass {started:.3f}-{time.time():.3f} (Unix time)", flush=True)

@@ -84,6 +84,7 @@ class DatasetTrainer:
         self._stop = threading.Event()
         self._t0 = None
         self._bar = None
+        self._skipped = 0
         self.checkpoint = None  # a CheckpointConfig: after_step(executor) after every batch
         build = getattr(program, "_build_strategy", None)
         reduce_strategy = getattr(build, "reduce_strategy", None)
@@ -107,7 +108,10 @@ class DatasetTrainer:
             runner.local[name] = feed_value(var, value) if var is not None else value
         return _batch_size(batch)
 
-    def _record(self, runner, examples):
+    def _record(self, runner, examples, steps=1):
+        """Counts a trained batch; ``steps`` batches are told to the checkpoint config
+        (a reduce step tells all of its batches at once, after its last, so a checkpoint
+        never falls inside a step)."""
         with self._lock:
             self._batches += 1
             self._examples += examples
@@ -116,8 +120,8 @@ class DatasetTrainer:
             self.scope.record_training(examples)
         if self._bar is not None:
             self._bar.update(examples)
-        if self.checkpoint is not None:
-            self.checkpoint.after_step(self.executor)
+        if self.checkpoint is not None and steps:
+            self.checkpoint.after_step(self.executor, steps)
         if self.print_period and batches % self.print_period == 0:
             values = {label: runner.value(n) for label, n in zip(self.fetch_info, self.fetch_names)}
             self._last_fetch = {k: np.array(getattr(v, "values", v)) for k, v in values.items()
@@ -144,6 +148,19 @@ class DatasetTrainer:
             f"{who + ': ' if who else ''}{'train' if self.train else 'infer'}_from_dataset ran a pass over 0 "
             f"examples: {reason}. Nothing was {trained}, so the pass is an error rather than a model "
             f"that looks {trained}")
+
+    def _skip(self, source, count):
+        """Reads and drops the first ``count`` batches of the pass: the ones this worker
+        trained in this epoch before the checkpoint it resumed from. Returns how many
+        were dropped (fewer when the pass ends first)."""
+        dropped = 0
+        while dropped < count and self._next(source) is not None:
+            dropped += 1
+        if count:
+            who = self.hooks.who
+            print(f"{who + ': ' if who else ''}resuming the epoch after the {dropped} batches trained before "
+                  f"the checkpoint (skipped, not trained again)", flush=True)
+        return dropped
 
     # ---------------------------------------------------------------- loops
     def _next(self, source):
@@ -215,8 +232,8 @@ class DatasetTrainer:
                 if self.split:
                     self._record(lead, sum(sizes))
                 else:
-                    for runner, n in zip(active, sizes):
-                        self._record(runner, n)
+                    for i, (runner, n) in enumerate(zip(active, sizes)):
+                        self._record(runner, n, steps=len(active) if i == len(active) - 1 else 0)
                 self._runner0 = lead
 
     def _next_group(self, source):
@@ -269,6 +286,12 @@ class DatasetTrainer:
 
     def _run(self):
         source = self.dataset._open_pass(self.threads)
+        skip = self.checkpoint.begin_pass() if self.checkpoint is not None and self.train else 0
+        try:
+            self._skipped = self._skip(source, skip)
+        except BaseException:
+            source.close()
+            raise
         self.hooks.begin_pass(self.threads)
         if sys.stdout.isatty() and self.print_period:
             try:
@@ -312,7 +335,7 @@ class DatasetTrainer:
                 self.hooks.pass_failed(error)
             raise error
         report = dict(source.report()) if hasattr(source, "report") else {}
-        if self._examples == 0:
+        if self._examples == 0 and not self._skipped:
             error = self._empty_pass_error(report)
             self.hooks.pass_failed(error)
             raise error
@@ -330,6 +353,7 @@ class DatasetTrainer:
             "seconds": elapsed,
             "examples_per_sec": self._examples / elapsed if elapsed > 0 else 0.0,
             "bad_lines_skipped": skipped,
+            "resumed_after_batches": self._skipped,  # trained before the checkpoint resumed from
             "fetch": self._last_fetch,  # {label: value} of the fetch_list after the last batch
         }
         if self.print_period:

@@ -17,6 +17,7 @@ The package's parts:
 - `fleet.launch.cli`: the command line (``build_parser``, ``config_from_args``, ``main``);
 - `fleet.launch.config`: ``LaunchConfig`` and ``process_environment``;
 - `fleet.launch.local`: the processes of this host (``launch``);
+- `fleet.launch.restart`: ``--max_restarts``: restarting the whole job after a failure;
 - `fleet.launch.report`: fleetrun's messages, log tails, the error a log ends with.
 """
 from fleet.launch.cli import build_parser, config_from_args, main

@@ -70,7 +70,9 @@ how a job ends:
 
 exit codes:
   0              every worker exited 0
-  1              a process failed (or could not be started); the report names it
+  1              a process failed (or could not be started); the report names it. With
+                 --max_restarts K: the K-th restart failed too (every failure listed),
+                 or the script makes no checkpoint (see --restart_from_scratch)
   2              bad arguments, a taken port, a missing script or an unusable log
                  directory; nothing was started
   124            --timeout expired; everything was stopped
@@ -81,6 +83,8 @@ examples:
   python -m fleet.launch --servers 127.0.0.1:6170,127.0.0.1:6171 --worker_num 2 train.py
   fleetrun --server_num 1 --worker_num 2 --start_port 6170 --log_dir logs train.py
   fleetrun --server_num 0 train.py        # local training: one process, no servers
+  fleetrun --server_num 2 --worker_num 2 --max_restarts 2 train.py --checkpoint_dir ckpt
+                                          # restart from the newest checkpoint on a failure
   fleetrun --server_num 1 --worker_num 2 --metrics_port 9100 --live_summary 10 train.py
   fleetrun --collective --worker_num 4 train.py   # collective: 4 workers, no servers
   fleetrun --collective --workers 10.0.0.1:6170,10.0.0.2:6170 --keys_dir keys train.py
@@ -130,6 +134,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a process fails, how long the others may take to exit by "
                         "themselves before they are stopped, so their logs say what they saw "
                         f"(default: {DEFAULT_FAILURE_GRACE:g}; 0: at once)")
+    heal = p.add_argument_group(
+        "restarting a failed job (--max_restarts)",
+        textwrap.fill(
+        "With --max_restarts K, when a process fails fleetrun stops every process of the job (as "
+        "without it) and starts them all again, up to K times (Paddle's and torchrun's name). Each "
+        "process gets FLEET_RESTART_COUNT (0, then 1..K) and FLEET_MAX_RESTARTS. A script that "
+        "checkpoints with fleet.CheckpointConfig and resumes as fleet/checkpoint.py shows "
+        "(servers: fleet.init_server(fleet.latest_checkpoint(DIR)); workers: "
+        "fleet.load_checkpoint(exe, cfg) and train_from_dataset(..., checkpoint=cfg)) resumes "
+        "from its newest valid checkpoint: parameters, optimizer state, step, epoch and each "
+        "worker's place in its data; what was trained after that checkpoint is trained again. "
+        "Each restart is said on stderr and appended to LOG_DIR/restarts.log with its cause "
+        "(role, index, host, exit code or signal, the error line); an attempt's logs move to "
+        "LOG_DIR/attempt-N/. fleetrun's last lines list every failure in order; it exits 0 when "
+        "an attempt succeeds, 1 after the K-th restart failed too. On several hosts: with "
+        "--hosts the dispatcher restarts every host together; each per-host fleetrun given "
+        "--max_restarts restarts its own processes when they fail, which they do on every "
+        "host once any process of the job is lost (heartbeats), FLEET_HEARTBEAT_TIMEOUT_MS + "
+        "--failure_grace + 2 s after its failure, when no old process is left on any host. "
+        "docs/elastic_restart.md says what survives what.", width=86))
+    heal.add_argument("--max_restarts", "--max_restart", type=int, default=0, metavar="K",
+                      help="restart the whole job up to K times after a failure (default: 0, the "
+                           "first failure ends the job)")
+    heal.add_argument("--restart_from_scratch", action="store_true",
+                      help="with --max_restarts: restart even when the script makes no "
+                           "fleet.CheckpointConfig (the job trains from the start again); without "
+                           "it, such a job stops at its first failure saying how to checkpoint")
     watch = p.add_argument_group(
         "watching a job (this host's processes; not with --hosts)",
         textwrap.fill(
@@ -333,7 +364,8 @@ def _make_config(args, servers, workers, **more):
                         failure_grace=args.failure_grace,
                         stop_on_stdin_eof=args.stop_on_stdin_eof, result_json=args.result_json,
                         metrics_port=args.metrics_port, live_summary=args.live_summary,
-                        collective=args.collective, **more)
+                        collective=args.collective, max_restarts=args.max_restarts,
+                        restart_from_scratch=args.restart_from_scratch, **more)
 
 
 def _split_endpoints(text, option):
@@ -411,7 +443,8 @@ def hosts_config_from_args(args: argparse.Namespace) -> hosts_module.HostsConfig
         start_port=6170 if args.start_port is None else args.start_port,
         insecure=args.insecure, log_dir=args.log_dir, env=tuple(args.env),
         kill_timeout=args.kill_timeout, server_exit_timeout=args.server_exit_timeout,
-        failure_grace=args.failure_grace, timeout=args.timeout)
+        failure_grace=args.failure_grace, timeout=args.timeout, max_restarts=args.max_restarts,
+        restart_from_scratch=args.restart_from_scratch)
 
 
 def _check_no_watch_options(args):

@@ -16,6 +16,11 @@ EXIT_PROCESS_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 124
 
+# Set in every process under --max_restarts (torchrun's TORCHELASTIC_RESTART_COUNT and
+# TORCHELASTIC_MAX_RESTARTS, in fleet's namespace).
+RESTART_COUNT_ENV = "FLEET_RESTART_COUNT"
+MAX_RESTARTS_ENV = "FLEET_MAX_RESTARTS"
+
 ROLE_VARIABLES = (
     "TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINER_ENDPOINTS",
     "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT",
@@ -73,6 +78,11 @@ class LaunchConfig:
             read from their metrics endpoints (needs metrics_port), or None.
         collective: a collective job (``fleetrun --collective``): workers only, each with
             the variables of ``PaddleCloudRoleMaker(is_collective=True)``.
+        max_restarts: after a process fails, stop every process here and start them all
+            again, up to this many times (``fleetrun --max_restarts``; see
+            `fleet.launch.restart`); 0 (the default): the first failure ends the job.
+        restart_from_scratch: restart even when no process of the job made a
+            ``fleet.CheckpointConfig`` (the restarted job trains from the start).
 
     Raises:
         ConfigError: a value is malformed; the message names it and the fix.
@@ -98,6 +108,8 @@ class LaunchConfig:
     metrics_port: int | None = None
     live_summary: float | None = None
     collective: bool = False
+    max_restarts: int = 0
+    restart_from_scratch: bool = False
 
     def __post_init__(self):
         for name in ("script_args", "server_endpoints", "worker_endpoints"):
@@ -159,6 +171,12 @@ class LaunchConfig:
             if self.metrics_port is None:
                 raise ConfigError("--live_summary reads the processes' metrics endpoints: give --metrics_port "
                                   "BASE too (server i then serves on BASE+i, worker j on BASE+servers+j)")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(f"--max_restarts {self.max_restarts!r} must be a whole number >= 0 (0: the "
+                              "first failure ends the job)")
+        if self.restart_from_scratch and not self.max_restarts:
+            raise ConfigError("--restart_from_scratch only matters with --max_restarts K (K >= 1): give "
+                              "both, or neither")
         if self.failure_grace is None:
             object.__setattr__(self, "failure_grace", DEFAULT_FAILURE_GRACE)
         grace = self.failure_grace
@@ -278,3 +296,17 @@ def _common_environment(config, env, role, index, host):
         # spin against each other (measured 4x slower with 2 workers on 2 cores).
         share = 1 if role == "server" else max(1, (os.cpu_count() or 1) // len(config.here("worker")))
         env.update({k: str(share) for k in BLAS_THREAD_VARIABLES})
+
+
+def restart_state_dir(config):
+    """Where the processes of a --max_restarts job note their checkpoint directories
+    (FLEET_RESTART_STATE_DIR): LOG_DIR/.restart, absolute."""
+    return os.path.abspath(os.path.join(config.log_dir, ".restart"))
+
+
+def restart_environment(config, attempt):
+    """The variables a process gets under --max_restarts: FLEET_RESTART_COUNT (0 on the
+    first run, k on the k-th restart), FLEET_MAX_RESTARTS and FLEET_RESTART_STATE_DIR."""
+    from fleet.checkpoint import RESTART_STATE_ENV
+    return {RESTART_COUNT_ENV: str(attempt), MAX_RESTARTS_ENV: str(config.max_restarts),
+            RESTART_STATE_ENV: restart_state_dir(config)}

@@ -41,10 +41,12 @@ import threading
 import time
 import uuid
 
+from fleet.checkpoint import RESTART_STATE_ENV, noted_checkpoint_dirs
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (BLAS_THREAD_VARIABLES, EXIT_OK, EXIT_PROCESS_FAILED,
-                                 EXIT_TIMEOUT, EXIT_USAGE)
+                                 EXIT_TIMEOUT, EXIT_USAGE, MAX_RESTARTS_ENV, RESTART_COUNT_ENV)
 from fleet.launch.local import SignalCatcher, die_with_parent, signal_group
+from fleet.launch.restart import Failure, conclude, decide_restart
 from fleet.launch.report import SAY_LOGGER, plural, say, signal_name, write_stdout
 from fleet.logs import WaitLog
 
@@ -213,6 +215,9 @@ class HostsConfig:
         collective: a collective job (each host's fleetrun runs with --collective):
             workers only; server_num_per_host must be 0 and no hostfile line may give
             servers.
+        max_restarts, restart_from_scratch: ``fleetrun --max_restarts`` for the whole
+            job: after a failure on any host the dispatcher stops every host and starts
+            every host's fleetrun again (see `fleet.launch.restart`).
     """
 
     hosts: tuple[HostEntry, ...]
@@ -235,8 +240,16 @@ class HostsConfig:
     failure_grace: float | None = None
     timeout: float | None = None
     collective: bool = False
+    max_restarts: int = 0
+    restart_from_scratch: bool = False
 
     def __post_init__(self):
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(f"--max_restarts {self.max_restarts!r} must be a whole number >= 0 (0: the "
+                              "first failure ends the job)")
+        if self.restart_from_scratch and not self.max_restarts:
+            raise ConfigError("--restart_from_scratch only matters with --max_restarts K (K >= 1): give "
+                              "both, or neither")
         for name in ("hosts", "script_args", "env"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.hosts:
@@ -645,11 +658,46 @@ class _HostsJob:
                 self._make_keys()
             if not self._copy_workspace(checks):
                 return EXIT_PROCESS_FAILED if not self.signals.received else 128 + self.signals.received
-            code = self._start_and_watch()
+            code = self._start_and_watch() if not c.max_restarts else self._run_with_restarts()
         finally:
             if self.temp_keys:
                 shutil.rmtree(self.temp_keys, ignore_errors=True)
         return code
+
+    def _run_with_restarts(self):
+        """Attempts of the whole job: after a failure on any host, every host is stopped
+        (as without restarts), its logs fetched into LOG_DIR/attempt-N/, and every host's
+        fleetrun started again with FLEET_RESTART_COUNT=N+1, up to max_restarts times."""
+        c = self.config
+        failures = []
+        while True:
+            attempt = len(failures)
+            code = self._start_and_watch(attempt)
+            failure = self._root_failure(attempt) if code == EXIT_PROCESS_FAILED else None
+            if failure is None or self.signals.received:
+                return conclude(c.log_dir, code, failures, c.max_restarts)
+            failures.append(failure)
+            decision = decide_restart(c.log_dir, failures, c.max_restarts, c.restart_from_scratch,
+                                      self._noted_checkpoint_dirs())
+            self._keep_attempt_logs(attempt)
+            if decision is not None:
+                return decision
+            self.remotes = [_Remote(r.host, r.index, r.info, r.endpoint_host, r.log_dir) for r in self.remotes]
+
+    def _noted_checkpoint_dirs(self):
+        """The checkpoint directories the processes of every host noted (fetched with the logs)."""
+        found = set()
+        for r in self.remotes:
+            found.update(noted_checkpoint_dirs(os.path.join(r.log_dir, ".restart")))
+        return sorted(found)
+
+    def _keep_attempt_logs(self, attempt):
+        folder = os.path.join(self.config.log_dir, f"attempt-{attempt}")
+        os.makedirs(folder, exist_ok=True)
+        for r in self.remotes:
+            if os.path.isdir(r.log_dir):
+                os.replace(r.log_dir, os.path.join(folder, r.name))
+            os.makedirs(r.log_dir, exist_ok=True)
 
     def _make_keys(self):
         from fleet.transport.curve import generate_keys
@@ -741,12 +789,15 @@ class _HostsJob:
         return None, f"{plural(len(entries), 'entry', )} copied (scp -r)"
 
     # -- starting and watching ---------------------------------------------------------
-    def _remote_command(self, remote):
+    def _remote_command(self, remote, attempt=0):
         c = self.config
         ws = remote.info["workspace"]
         log = f"log/{remote.name}"
         env = forwarded_environment(extra=c.env)
         env[JOB_ID_VARIABLE] = self.job_id
+        if c.max_restarts:
+            env.update({RESTART_COUNT_ENV: str(attempt), MAX_RESTARTS_ENV: str(c.max_restarts),
+                        RESTART_STATE_ENV: f"{ws.rstrip('/')}/{log}/.restart"})
         argv = [c.python, "-m", "fleet.launch",
                 *(["--collective"] if c.collective else ["--servers", ",".join(self.servers)]),
                 "--workers", ",".join(self.workers), "--host", self.addresses[remote.index],
@@ -766,7 +817,7 @@ class _HostsJob:
         assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         return f"cd {shlex.quote(ws)} && exec env {assignments} {shlex.join(argv)}"
 
-    def _start_and_watch(self):
+    def _start_and_watch(self, attempt=0):
         c = self.config
         what = (f"a collective job of {plural(len(self.workers), 'worker')}" if c.collective else
                 f"{plural(len(self.servers), 'server')} and {plural(len(self.workers), 'worker')}")
@@ -784,7 +835,7 @@ class _HostsJob:
             for r in self.remotes:
                 if self.signals.received:
                     break
-                self._start(r, exited)
+                self._start(r, exited, attempt)
             code = self._watch(exited)
         finally:
             self._stop_all("fleetrun ended" if code is None else None)
@@ -795,8 +846,8 @@ class _HostsJob:
             self._fetch_logs()
         return self._conclude(code)
 
-    def _start(self, remote, exited):
-        argv = self.ssh.command(remote.host, self._remote_command(remote),
+    def _start(self, remote, exited, attempt=0):
+        argv = self.ssh.command(remote.host, self._remote_command(remote, attempt),
                                 ["-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"])
         log = open(os.path.join(remote.log_dir, "fleetrun.log"), "a", encoding="utf-8")
         remote.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -972,7 +1023,9 @@ class _HostsJob:
             say(f"done: every host's fleetrun exited 0; logs in {self.config.log_dir}/<host>/")
             return EXIT_OK
         cause = self._root_cause()
-        if code == EXIT_PROCESS_FAILED:
+        if code == EXIT_PROCESS_FAILED and self.config.max_restarts:
+            say(f"the root cause: {cause}")  # fleet.launch.restart says whether the job restarts
+        elif code == EXIT_PROCESS_FAILED:
             say(f"exit {EXIT_PROCESS_FAILED}: {cause}")
         elif cause and code is not None and code >= 128:
             say(f"exit {code}: stopped by {signal.Signals(code - 128).name}")
@@ -981,6 +1034,15 @@ class _HostsJob:
     def _root_cause(self):
         """The earliest failure over every host's result file that is not a consequence of
         another (see below), or the first host seen to fail without a result."""
+        found = self._root_candidate()
+        return found[2] if found else "no host reported a cause; see the hosts' fleetrun.log files"
+
+    def _root_failure(self, attempt):
+        """The root cause of an attempt as a restart.Failure, or None when no host failed."""
+        found = self._root_candidate()
+        return None if found is None else found[3](attempt)
+
+    def _root_candidate(self):
         candidates = []
         for r in self.remotes:
             cause = (r.result or {}).get("cause")
@@ -993,18 +1055,24 @@ class _HostsJob:
                 candidates.append((_is_consequence(error), cause.get("exit_time") or float("inf"),
                                    f"{r.label} {cause.get('role')} {cause.get('index')} (pid "
                                    f"{cause.get('pid')}) {how}{': ' + error if error else ''}; "
-                                   f"log: {log}"))
+                                   f"log: {log}",
+                                   lambda attempt, r=r, cause=cause, how=how, error=error: Failure(
+                                       attempt, cause.get("role"), cause.get("index"), r.endpoint_host or r.name,
+                                       cause.get("pid"), how, error or "", cause.get("exit_time") or time.time())))
             elif r.returncode not in (0, None) and not r.stopped:
                 what = self._describe_ssh_exit(r)
                 if r.returncode != 255 and r.last_stderr:
                     what += f": {r.last_stderr}"
-                candidates.append((False, r.exit_time or float("inf"), f"{r.label}: {what}"))
+                candidates.append((False, r.exit_time or float("inf"), f"{r.label}: {what}",
+                                   lambda attempt, r=r, what=what: Failure(
+                                       attempt, "host", r.index, r.name, None, f"failed ({what})", "",
+                                       r.exit_time or time.time())))
         if not candidates:
-            return "no host reported a cause; see the hosts' fleetrun.log files"
+            return None
         # Earliest first, but an error that says it follows another process's loss comes
         # after every other: a failing worker tells the servers before its own process has
         # exited, so a worker on another host told of it may exit first.
-        return min(candidates, key=lambda c: c[:2])[2]
+        return min(candidates, key=lambda c: c[:2])
 
     def _report_hosts(self):
         say("how each host ended:")

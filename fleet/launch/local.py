@@ -15,7 +15,7 @@ import time
 from fleet.endpoints import join_endpoint, parse_endpoint
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (EXIT_OK, EXIT_PROCESS_FAILED, EXIT_TIMEOUT, LaunchConfig,
-                                 binds_any, process_environment)
+                                 binds_any, process_environment, restart_environment)
 from fleet.launch.report import (SAY_LOGGER, TAIL_LINES, last_error, plural, say, signal_name,
                                  tail, write_stdout)
 from fleet.launch.summary import LiveSummary
@@ -46,6 +46,10 @@ def launch(config: LaunchConfig) -> int:
     """
     _check_ready(config)
     with SignalCatcher() as signals:
+        if config.max_restarts:
+            from fleet.launch.restart import run_with_restarts
+            return run_with_restarts(config, lambda attempt, started: _Job(config, signals, attempt, started),
+                                     signals)
         return _Job(config, signals).run()
 
 
@@ -305,9 +309,11 @@ class _LogStreamer(threading.Thread):
 class _Job:
     """Starts, watches and stops the processes of one LaunchConfig. Main-thread only."""
 
-    def __init__(self, config, signals):
+    def __init__(self, config, signals, attempt=0, started=None):
         self.config = config
         self.signals = signals
+        self.attempt = attempt           # 0, then 1.. for each restart (--max_restarts)
+        self.started = started           # time.monotonic() the job (its first attempt) started
         self.children = []
         self.exited = threading.Event()  # set by a child's waiter thread when it exits
         self.cause = None                # the first process to fail, once one did
@@ -385,6 +391,8 @@ class _Job:
                 return
             log_path = os.path.join(c.log_dir, f"{role}log.{index}")
             env = process_environment(c, role, index)
+            if c.max_restarts:
+                env.update(restart_environment(c, self.attempt))
             with open(log_path, "wb") as log:
                 try:
                     popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
@@ -417,7 +425,7 @@ class _Job:
     # -- watching ----------------------------------------------------------------------
     def _watch(self):
         c = self.config
-        started = time.monotonic()
+        started = time.monotonic() if self.started is None else self.started  # --timeout spans every attempt
         servers_deadline = None
         servers_wait = None
         while True:
@@ -505,8 +513,9 @@ class _Job:
                       f"{ch.exit_time - first.exit_time:.1f} s later{f': {error}' if error else ''}",
                       file=sys.stderr)
         error = first.error_line()
-        say(f"exit {EXIT_PROCESS_FAILED}: {first.label} {first.describe_exit()}"
-             f"{f': {error}' if error else ''}; full log: {first.log_path}")
+        if not self.config.max_restarts:  # else fleet.launch.restart decides and says how fleetrun exits
+            say(f"exit {EXIT_PROCESS_FAILED}: {first.label} {first.describe_exit()}"
+                f"{f': {error}' if error else ''}; full log: {first.log_path}")
         return EXIT_PROCESS_FAILED
 
     def _wait_for_the_others(self, first):

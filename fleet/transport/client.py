@@ -362,13 +362,18 @@ def wait_for_servers(endpoints, timeout_ms=None, worker_id=-1, curve=None, retry
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
-            per_ping = max(1, min(retry_ms, left_ms))
-            seqs = {ep: c.send_request(PING_OP, timeout_ms=per_ping) for ep, c in waiting.items()}
-            for ep, client in list(waiting.items()):
-                left = max(1, min(per_ping, int((deadline - time.monotonic()) * 1000)))
+            # Servers that answered are pinged on every round too: a server counts a worker's
+            # pings as its heartbeats, and one that heard a ping and then nothing for
+            # FLEET_HEARTBEAT_TIMEOUT_MS (this worker waiting for a server that starts
+            # later, as after a restart on another host) would declare this worker lost.
+            per_ping = max(1, min(retry_ms, settings.heartbeat_ms(), left_ms))
+            seqs = {ep: c.send_request(PING_OP, timeout_ms=per_ping) for ep, c in clients.items()}
+            round_end = time.monotonic() + per_ping / 1000.0
+            for ep, client in clients.items():
+                left = max(1, min(int((round_end - time.monotonic()) * 1000), int((deadline - time.monotonic()) * 1000)))
                 try:
                     client.recv_reply(seqs[ep], left)
-                    del waiting[ep]
+                    waiting.pop(ep, None)
                 except FleetTimeoutError:
                     pass
         if waiting:

@@ -251,3 +251,129 @@ def test_a_distributed_worker_resumes_from_what_the_servers_loaded(tmp_path):
                                           r"fleet.init_server\(fleet.latest_checkpoint\("):
         fleet.load_checkpoint(exe, other)
     assert fleet.load_checkpoint(exe, fleet.CheckpointConfig(str(tmp_path / "empty"))) is None
+
+
+# ------------------------------------------------------------------ the place in the epoch
+def _dataset(tmp_path, lines=40):
+    rows = []
+    rng = np.random.default_rng(0)
+    for _ in range(lines):
+        x = rng.normal(size=3)
+        rows.append(f"3 {x[0]:.4f} {x[1]:.4f} {x[2]:.4f} 2 {rng.integers(0, 20)} {rng.integers(0, 20)} "
+                    f"1 {int(x[0] > 0)}\n")
+    (tmp_path / "data").write_text("".join(rows))
+    block = fleet.main_program.global_block()
+    ds = fleet.DatasetFactory().create_dataset("QueueDataset")
+    ds.set_use_var([block.var("x"), block.var("ids"), block.var("y")])
+    ds.set_batch_size(4)
+    ds.set_thread(1)
+    ds.set_filelist([str(tmp_path / "data")])
+    return ds
+
+
+@pytest.mark.parametrize("resume_from", [8, 4])
+def test_a_resumed_pass_skips_the_batches_trained_before_the_checkpoint_and_ends_as_without_the_restart(
+        tmp_path, resume_from):
+    exe, _ = _build()
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=4, max_num_checkpoints=5)
+    exe.train_from_dataset(fleet.main_program, _dataset(tmp_path), checkpoint=cfg, print_period=0)
+    uninterrupted = _state()
+    extra = fio.read_manifest(str(tmp_path / "c" / "ckpt-8"))["extra"]
+    assert extra["positions"] == {"0": {"epoch": 0, "batches": 8}}
+    if resume_from == 4:
+        shutil.rmtree(tmp_path / "c" / "ckpt-8")
+    fleet.base.fleet = fleet.base.Fleet()
+    fw.reset_default_programs()
+    with fw.scope_guard(fw.Scope()):
+        exe, _ = _build()
+        cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=4, max_num_checkpoints=5)
+        fleet.load_checkpoint(exe, cfg)
+        assert (cfg.global_step, cfg.epoch, cfg.epoch_step) == (resume_from, 0, resume_from)
+        summary = exe.train_from_dataset(fleet.main_program, _dataset(tmp_path), checkpoint=cfg, print_period=0)
+        resumed = _state()
+        # the pass trained only the batches after the checkpoint, then counted the epoch
+        assert (summary["resumed_after_batches"], summary["batches"], summary["examples"]) == (
+            resume_from, 10 - resume_from, 40 - 4 * resume_from)
+        assert (cfg.global_step, cfg.epoch, cfg.epoch_step) == (10, 1, 0)
+        # the next pass (a new epoch) is read whole
+        assert exe.train_from_dataset(fleet.main_program, _dataset(tmp_path), checkpoint=cfg,
+                                      print_period=0)["batches"] == 10
+    for name, value in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+
+
+def test_a_checkpoint_taken_at_the_end_of_an_epoch_resumes_with_an_empty_pass_not_an_error(tmp_path):
+    exe, _ = _build()
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=10)
+    exe.train_from_dataset(fleet.main_program, _dataset(tmp_path), checkpoint=cfg, print_period=0)
+    fleet.base.fleet = fleet.base.Fleet()
+    fw.reset_default_programs()
+    with fw.scope_guard(fw.Scope()):
+        exe, _ = _build()
+        cfg = fleet.CheckpointConfig(str(tmp_path / "c"), step_interval=10)
+        fleet.load_checkpoint(exe, cfg)
+        summary = exe.train_from_dataset(fleet.main_program, _dataset(tmp_path), checkpoint=cfg, print_period=0)
+    assert (summary["resumed_after_batches"], summary["examples"], cfg.epoch) == (10, 0, 1)
+
+
+class _AsyncFleet:
+    """A stand-in for the fleet singleton of worker ``index`` of an async job."""
+
+    def __init__(self, index, workers):
+        self._runtime = type("R", (), {"plan": type("P", (), {"mode": "async"})()})()
+        self.index, self.workers = index, workers
+
+    def worker_index(self):
+        return self.index
+
+    def worker_num(self):
+        return self.workers
+
+
+def test_async_workers_record_their_own_place_and_the_checkpoint_holds_every_workers(tmp_path, monkeypatch):
+    places = {}
+    for index, batches in ((1, 7), (2, 3)):  # workers 1 and 2 each train some batches of epoch 0
+        monkeypatch.setattr(ckpt, "_fleet", lambda index=index: _AsyncFleet(index, 3))
+        cfg = fleet.CheckpointConfig(str(tmp_path / "c"))
+        assert cfg.begin_pass() == 0
+        for _ in range(batches):
+            cfg.after_step(None)
+        places[index] = (tmp_path / "c" / ".positions" / f"worker-{index}").read_text()
+    assert places == {1: '{"epoch": 0, "batches": 7, "resumed_from": null}',
+                      2: '{"epoch": 0, "batches": 3, "resumed_from": null}'}
+    positions = ckpt._positions(_AsyncFleet(0, 3), fleet.CheckpointConfig(str(tmp_path / "c")), 0, 5)
+    assert positions == {"0": {"epoch": 0, "batches": 5}, "1": {"epoch": 0, "batches": 7},
+                         "2": {"epoch": 0, "batches": 3}}
+    # each worker resumes at its own place; a place of another epoch falls back to the checkpointing worker's
+    extra = {"step": 5, "epoch": 0, "epoch_step": 5, "positions": positions}
+    for index, skip in ((0, 5), (1, 7), (2, 3)):
+        cfg = fleet.CheckpointConfig(str(tmp_path / "d"))
+        cfg._restore(extra, index)
+        monkeypatch.setattr(ckpt, "_fleet", lambda index=index: _AsyncFleet(index, 3))
+        assert (cfg.begin_pass(), cfg.begin_pass()) == (skip, 0)
+    cfg._restore(dict(extra, positions={"2": {"epoch": 1, "batches": 9}}), 2)
+    assert cfg.epoch_step == 5
+
+
+def test_after_a_resume_a_worker_not_yet_started_keeps_the_place_the_checkpoint_gave_it(tmp_path, monkeypatch):
+    # worker 1's file is the first attempt's (150 batches); the job resumed from a checkpoint
+    # that put it at 40: until worker 1 writes this attempt's place, the next checkpoint keeps 40
+    folder = tmp_path / "c" / ".positions"
+    folder.mkdir(parents=True)
+    (folder / "worker-1").write_text('{"epoch": 0, "batches": 150, "resumed_from": null}')
+    cfg = fleet.CheckpointConfig(str(tmp_path / "c"))
+    cfg._restore({"step": 40, "epoch": 0, "epoch_step": 40, "save_id": "abc",
+                  "positions": {"0": {"epoch": 0, "batches": 40}, "1": {"epoch": 0, "batches": 38}}}, 0)
+    assert ckpt._positions(_AsyncFleet(0, 2), cfg, 0, 45)["1"] == {"epoch": 0, "batches": 38}
+    (folder / "worker-1").write_text('{"epoch": 0, "batches": 44, "resumed_from": "abc"}')
+    assert ckpt._positions(_AsyncFleet(0, 2), cfg, 0, 45)["1"] == {"epoch": 0, "batches": 44}
+
+
+def test_a_checkpoint_config_notes_its_directory_for_fleetrun_only_under_max_restarts(tmp_path, monkeypatch):
+    monkeypatch.delenv(ckpt.RESTART_STATE_ENV, raising=False)
+    fleet.CheckpointConfig(str(tmp_path / "c"))
+    assert not (tmp_path / "state").exists()
+    monkeypatch.setenv(ckpt.RESTART_STATE_ENV, str(tmp_path / "state"))
+    fleet.CheckpointConfig(str(tmp_path / "c"))
+    assert fleet.latest_checkpoint(str(tmp_path / "d")) is None
+    assert ckpt.noted_checkpoint_dirs(str(tmp_path / "state")) == [str(tmp_path / "c"), str(tmp_path / "d")]

@@ -1,4 +1,5 @@
 """fleetrun --hosts without ssh: host lists, endpoints, the forwarded environment, messages."""
+import os
 import pytest
 
 from fleet.errors import ConfigError
@@ -174,3 +175,30 @@ def test_the_root_cause_is_the_earliest_failure_over_the_hosts(tmp_path):
     c.exit_time, c.last_stderr = 1000.1, "Connection to 10.0.0.3 closed by remote host."
     assert job._root_cause() == ("host c (10.0.0.3): ssh exited 255 (connection lost: "
                                  "Connection to 10.0.0.3 closed by remote host.)")
+
+
+def test_a_restart_of_a_hosts_job_names_the_failed_process_and_its_host(tmp_path):
+    config = H.HostsConfig(hosts=H.parse_hosts("a,b"), training_script="t.py", workspace="/w",
+                           log_dir=str(tmp_path), max_restarts=2)
+    job = H._HostsJob(config, signals=None)
+    job.remotes = [H._Remote(h, i, {"workspace": "/w"}, f"10.0.0.{i + 1}", str(tmp_path / h.name))
+                   for i, h in enumerate(config.hosts)]
+    job.servers, job.workers, job.addresses = ["10.0.0.1:6170"], ["10.0.0.1:6171", "10.0.0.2:6171"], \
+        ["10.0.0.1", "10.0.0.2"]
+    assert job._root_failure(0) is None
+    job.remotes[1].result = {"cause": {"role": "server", "index": 0, "pid": 9, "exit_code": -9, "error": "",
+                                       "log": "log/b/serverlog.0", "exit_time": 5.0}}
+    failure = job._root_failure(1)
+    assert failure.describe() == "server 0 (pid 9) on host 10.0.0.2 was killed by SIGKILL"
+    assert failure.attempt == 1
+    # every host's fleetrun learns the attempt and where to note its checkpoint directory
+    command = job._remote_command(job.remotes[1], attempt=1)
+    assert "FLEET_RESTART_COUNT=1 FLEET_MAX_RESTARTS=2 FLEET_RESTART_STATE_DIR=/w/log/b/.restart" in command
+    (tmp_path / "a" / ".restart").mkdir(parents=True)
+    (tmp_path / "a" / ".restart" / "checkpoint_dir.1.0").write_text("/mnt/nfs/ckpt")
+    assert job._noted_checkpoint_dirs() == ["/mnt/nfs/ckpt"]
+    job._keep_attempt_logs(0)
+    assert (tmp_path / "attempt-0" / "a" / ".restart" / "checkpoint_dir.1.0").is_file()
+    assert sorted(os.listdir(tmp_path / "a")) == []
+    with pytest.raises(ConfigError, match=r"--max_restarts -1 must be a whole number >= 0"):
+        H.HostsConfig(hosts=H.parse_hosts("a"), training_script="t.py", workspace="/w", max_restarts=-1)

@@ -289,6 +289,16 @@ def test_wait_for_servers_names_the_servers_that_never_answered(free_port):
         assert time.monotonic() - start < 3
 
 
+def test_a_worker_waiting_for_a_late_server_keeps_pinging_the_servers_that_answered(free_port):
+    # A server counts pings as heartbeats: one that answered must go on hearing from the
+    # worker while it waits for the others, or it would declare the worker lost.
+    dead = f"127.0.0.1:{free_port()}"
+    with serving() as alive:
+        with pytest.raises(FleetTimeoutError):
+            wait_for_servers([alive.endpoint, dead], timeout_ms=1000, retry_ms=100)
+        assert alive.stats()["pings"] >= 5
+
+
 def test_ping_and_stats():
     with serving() as server, client_of(server.endpoint) as client:
         assert client.ping()

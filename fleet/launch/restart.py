@@ -1,0 +1,233 @@
+"""``fleetrun --max_restarts K``: after a failure, stop every process and start the job again.
+
+One attempt is one run of the job (`fleet.launch.local` for this host's processes, the
+dispatcher of `fleet.launch.hosts` for every host's). When a process of an attempt fails,
+the attempt ends as without restarts (root cause named, the others stopped), then:
+
+- the failure is recorded: attempt, role, index, host, pid, exit code or signal, the
+  error its log ends with; on stderr and in LOG_DIR/restarts.log;
+- on the first failure, if no process of the job made a ``fleet.CheckpointConfig`` (each
+  one notes its directory in FLEET_RESTART_STATE_DIR), fleetrun stops and says so: a
+  restart would train from scratch. ``--restart_from_scratch`` restarts anyway;
+- else, while fewer than K restarts were made, the attempt's logs move to
+  LOG_DIR/attempt-N/ and every process starts again with FLEET_RESTART_COUNT=N+1; a
+  script that follows the resume idiom of `fleet.checkpoint` resumes from the newest
+  valid checkpoint;
+- fleetrun's last lines list every failure in order, whether the job then succeeded or
+  fleetrun gave up (exit 1).
+
+A failure is a process that exited non-zero or was killed, seen by this fleetrun. A
+timeout, a signal to fleetrun, a process that could not be started and bad arguments end
+the job without a restart.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import sys
+import time
+
+from fleet.checkpoint import latest_checkpoint, noted_checkpoint_dirs
+from fleet.errors import FleetError
+from fleet.launch.config import EXIT_OK, EXIT_PROCESS_FAILED, restart_state_dir
+from fleet.launch.report import plural, say
+from fleet.transport.settings import heartbeat_timeout_ms
+
+RESTARTS_LOG = "restarts.log"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """One failure that ended an attempt.
+
+    Attributes:
+        attempt: 0 for the first run, N for the N-th restart.
+        role, index: the process ("worker", 1), or ("host", i) when a whole host failed.
+        host: the host it ran on.
+        pid: its process id (None when unknown).
+        how: "was killed by SIGKILL", "exited with code 1", ...
+        error: the error its log ends with, or "".
+        time: when it ended (Unix time).
+    """
+
+    attempt: int
+    role: str
+    index: int
+    host: str
+    pid: int | None
+    how: str
+    error: str
+    time: float
+
+    def describe(self):
+        """"worker 1 (pid 4242) on host h1 was killed by SIGKILL: <error>"."""
+        pid = f" (pid {self.pid})" if self.pid is not None else ""
+        return f"{self.role} {self.index}{pid} on host {self.host} {self.how}{': ' + self.error if self.error else ''}"
+
+
+NO_CHECKPOINT = (
+    "--max_restarts {k}: no process of this job made a fleet.CheckpointConfig before it failed, so a "
+    "restart would train from scratch and redo everything. Make the script checkpoint and resume: "
+    "cfg = fleet.CheckpointConfig(DIR, step_interval=N or seconds_interval=S), servers "
+    "fleet.init_server(fleet.latest_checkpoint(DIR)), workers fleet.load_checkpoint(exe, cfg) and "
+    "train_from_dataset(..., checkpoint=cfg) (the idiom in fleet/checkpoint.py); or give "
+    "--restart_from_scratch to restart from the start anyway")
+
+
+def run_with_restarts(config, make_job, signals):
+    """Run attempts of a job until one ends without a failure or K restarts were made.
+
+    Args:
+        config: the LaunchConfig (max_restarts >= 1).
+        make_job: ``make_job(attempt, started)`` -> an object with ``run()`` (returns the
+            exit code) and ``cause`` (the failed _Child, or None).
+        signals: the SignalCatcher of this fleetrun (a signal ends the job, no restart).
+
+    Returns:
+        fleetrun's exit code: the last attempt's (EXIT_PROCESS_FAILED when fleetrun gave up).
+
+    Blocks until the job is over.
+    """
+    started = time.monotonic()
+    state = restart_state_dir(config)
+    shutil.rmtree(state, ignore_errors=True)
+    os.makedirs(state, exist_ok=True)
+    host = config.host or socket.gethostname()
+    failures = []
+    attempt = 0
+    while True:
+        job = make_job(attempt, started)
+        code = job.run()
+        cause = job.cause
+        if code != EXIT_PROCESS_FAILED or cause is None or signals.received:
+            return conclude(config.log_dir, code, failures, config.max_restarts)
+        failures.append(Failure(attempt, cause.role, cause.index, host, cause.popen.pid,
+                                cause.describe_exit(), cause.error_line(),
+                                cause.exit_wall_time or time.time()))
+        decision = decide_restart(config.log_dir, failures, config.max_restarts,
+                                  config.restart_from_scratch, noted_checkpoint_dirs(state))
+        if decision is not None:
+            return decision
+        keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
+        if config.multi_host and not settle_other_hosts(config, failures[-1].time, signals):
+            return conclude(config.log_dir, 128 + signals.received, failures, config.max_restarts)
+        attempt += 1
+
+
+def settle_seconds(config):
+    """How long a per-host fleetrun waits after a failure before its restart: the
+    heartbeat timeout (by then every process of the job on every host has noticed the
+    loss and failed), --failure_grace (by then every host's fleetrun has stopped its
+    processes) and 2 s."""
+    return heartbeat_timeout_ms() / 1000.0 + config.failure_grace + 2.0
+
+
+def settle_other_hosts(config, failed_at, signals):
+    """Per-host fleetruns (no dispatcher) agree on a restart without talking to each
+    other: a failure anywhere ends every process of the job on every host within the
+    heartbeat timeout (liveness), so each host's fleetrun restarts its own processes once
+    its own failed, and starts them only settle_seconds after that failure, when no old
+    process of the job is left on any host to talk to the new ones. The new processes
+    then wait for each other up to FLEET_CONNECT_TIMEOUT_MS. Blocks; returns False when
+    fleetrun got a signal meanwhile."""
+    wait = failed_at + settle_seconds(config) - time.time()
+    if wait > 0:
+        say(f"waiting {wait:.1f} s before the restart, so that every other host's processes of the "
+            f"job have ended too (FLEET_HEARTBEAT_TIMEOUT_MS {heartbeat_timeout_ms()} ms + "
+            f"--failure_grace {config.failure_grace:g} s + 2 s after the failure)")
+    deadline = time.monotonic() + max(0.0, wait)
+    while time.monotonic() < deadline:
+        if signals.received:
+            return False
+        time.sleep(0.05)
+    return not signals.received
+
+
+def decide_restart(log_dir, failures, max_restarts, from_scratch, checkpoint_dirs):
+    """After the failure ``failures[-1]``: say and log the restart and return None, or say
+    why there is none and return the exit code (EXIT_PROCESS_FAILED).
+
+    Args:
+        log_dir: where restarts.log goes.
+        failures: every failure so far, the newest last.
+        max_restarts: K.
+        from_scratch: --restart_from_scratch.
+        checkpoint_dirs: the checkpoint directories the job's processes noted.
+    """
+    last = failures[-1]
+    k = max_restarts
+    if len(failures) == 1 and not checkpoint_dirs and not from_scratch:
+        say(NO_CHECKPOINT.format(k=k))
+        log_event(log_dir, f"no restart: {last.describe()}; no process made a fleet.CheckpointConfig "
+                           "(give --restart_from_scratch to restart anyway)")
+        return conclude(log_dir, EXIT_PROCESS_FAILED, failures, k, gave_up="no checkpoint")
+    if len(failures) > k:
+        return conclude(log_dir, EXIT_PROCESS_FAILED, failures, k, gave_up="max_restarts")
+    n = len(failures)
+    source = resume_point(checkpoint_dirs)
+    say(f"restart {n} of {k} (--max_restarts {k}): {last.describe()}; every process was stopped "
+        f"and starts again with FLEET_RESTART_COUNT={n}, {source}")
+    log_event(log_dir, f"restart {n} of {k}: {last.describe()}; {source}")
+    return None
+
+
+def resume_point(checkpoint_dirs):
+    """A phrase saying what the restarted job resumes from."""
+    if not checkpoint_dirs:
+        return "from scratch (--restart_from_scratch: the script makes no checkpoint)"
+    found = []
+    for d in checkpoint_dirs:
+        try:
+            path = latest_checkpoint(d)
+        except FleetError as e:
+            found.append(f"{d}: no valid checkpoint ({e})")
+            continue
+        found.append(path if path else f"{d}: none yet, so from the start")
+    return "resuming from the newest checkpoint: " + "; ".join(found)
+
+
+def conclude(log_dir, code, failures, max_restarts, gave_up=None):
+    """Say (and log) how the job ended after restarts, listing every failure; returns code."""
+    if not failures:
+        return code
+    if gave_up == "max_restarts":
+        head = (f"exit {EXIT_PROCESS_FAILED}: gave up after {plural(max_restarts, 'restart')} "
+                f"(--max_restarts {max_restarts}); {plural(len(failures), 'failure')}, in order:")
+    elif gave_up is not None:
+        head = f"exit {EXIT_PROCESS_FAILED}: no restart ({gave_up}); the failure:"
+    elif code == EXIT_OK:
+        head = (f"done after {plural(len(failures), 'restart')}; "
+                f"{plural(len(failures), 'failure')}, in order:")
+    else:
+        head = f"exit {code} after {plural(len(failures), 'restart')}; the failures before, in order:"
+    say(head)
+    lines = [f"{i}. attempt {f.attempt}: {f.describe()}" for i, f in enumerate(failures, 1)]
+    for line in lines:
+        print(f"    {line}", file=sys.stderr, flush=True)
+    log_event(log_dir, head + " " + " ".join(lines))
+    return code
+
+
+def log_event(log_dir, text):
+    """Append one line, stamped with UTC time, to LOG_DIR/restarts.log."""
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, RESTARTS_LOG), "a", encoding="utf-8") as f:
+            f.write(time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z "
+                    f"{text}\n")
+    except OSError as e:
+        say(f"could not write {os.path.join(log_dir, RESTARTS_LOG)} ({e.strerror})")
+
+
+def keep_attempt_logs(log_dir, attempt, paths):
+    """Move an attempt's process logs into LOG_DIR/attempt-N/ before the next one starts
+    (the next attempt writes serverlog.N / workerlog.N afresh)."""
+    folder = os.path.join(log_dir, f"attempt-{attempt}")
+    os.makedirs(folder, exist_ok=True)
+    for path in paths:
+        try:
+            os.replace(path, os.path.join(folder, os.path.basename(path)))
+        except FileNotFoundError:
+            pass
