@@ -273,6 +273,7 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
         raise ConfigError(f"{role} {index} does not exist: the job has {count} {role}s")
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in ROLE_VARIABLES and k not in STALE_VARIABLES}
+    env.pop(ELASTIC_ENV, None)  # fleetrun decides: --np MIN:MAX makes FLEET_ELASTIC, else a fixed job
     if config.metrics_port is not None:
         env[METRICS_PORT_ENV] = str(config.metrics_port_of(role, index))
     if config.is_local:
@@ -298,7 +299,6 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
     })
     if role == "worker":
         env["PADDLE_TRAINER_ID"] = str(index)
-    env.pop(ELASTIC_ENV, None)  # fleetrun decides: --np MIN:MAX, else a fixed job
     if config.elastic is not None:
         env[ELASTIC_ENV] = f"{config.elastic[0]}:{config.elastic[1]}"
     _common_environment(config, env, role, index, host)
