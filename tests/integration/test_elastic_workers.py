@@ -221,3 +221,24 @@ def test_np_with_a_sync_strategy_fails_naming_the_fix(fleetrun, tmp_path, clean_
     assert result.returncode == 1
     assert ("this job is elastic (FLEET_ELASTIC=2:3, from fleetrun --np) but its strategy is sync" in result.stderr)
     assert "Use an async, half_async or geo strategy for an elastic job" in result.stderr
+
+
+def test_a_replacement_takes_over_the_lost_slot_and_trains_with_the_others(start_fleetrun, procs, tmp_path,
+                                                                             clean_env, data, wait_for):
+    env = _env(clean_env)
+    job = ElasticJob(start_fleetrun, tmp_path, env, data, "2:2", "--worker_replacements", 1)
+    try:
+        wait_for(lambda: job.state() is not None and "1" in job.queue().get(0, {}).get("workers", {}), 60,
+                 "worker 1 to acknowledge a unit")
+        victim = job.state()["running"]["1"]
+        os.kill(victim, signal.SIGKILL)
+        _, err = procs.communicate(job.launcher, 90)
+    finally:
+        job.close()
+    assert job.launcher.returncode == 0, err[-3000:]
+    assert re.search(r"started worker 1 \(pid \d+\) \(replacing lost worker 1\)", err), err[-3000:]
+    status = _queue_figures((job.log / "serverlog.0").read_text())[0]
+    assert status["acked"] == status["units"] and status["examples"] == TRAIN_LINES, status
+    log = job.worker_log(1)
+    assert "---- fleetrun: a new process for worker 1 ----" in log
+    assert "joined the elastic job" in log.split("---- fleetrun: a new process for worker 1 ----")[1]
