@@ -29,7 +29,7 @@ import logging
 
 import numpy as np
 
-from fleet.errors import DataError
+from fleet.errors import DataError, FleetError
 
 log = logging.getLogger("fleet.server")
 
@@ -209,8 +209,6 @@ class ElasticOps:
         Raises:
             FleetError: a request from a worker the servers forgot, but ``join``.
         """
-        from fleet.errors import FleetError
-
         w = req.worker
         if w in self.lost:
             if req.op not in ("join", "stop", "fail", "pull_dense", "pull_sparse"):
