@@ -77,7 +77,9 @@ class LaunchConfig:
         elastic: (MIN, MAX) of an elastic job (``fleetrun --np MIN:MAX``, see
             ``fleet.launch.elastic``), or None. ``worker_endpoints`` then lists MAX slots,
             every process gets FLEET_ELASTIC=MIN:MAX, and ``initial_workers`` of them start.
-        initial_workers: elastic jobs: workers started at first (MIN..MAX; default MIN).
+        initial_workers: elastic jobs: workers started at first (MIN..MAX; default MIN). In
+            a multi-host elastic job (``local_workers`` given, e.g. by a rendezvous) this host
+            starts its ``local_workers`` and ``initial_workers`` is their count.
         worker_replacements: elastic jobs: how many lost workers fleetrun restarts in
             total, each under its lost id (0: a lost worker's share goes to the others).
 
@@ -218,12 +220,12 @@ def _check_elastic(config):
         raise ConfigError(f"--np {low}:{high} makes a parameter-server job elastic; a "
                           f"{'collective' if config.collective else 'local'} job cannot be: give --server_num 1 or "
                           f"more, without --collective")
-    if config.multi_host:
-        raise ConfigError(f"--np {low}:{high} runs every worker slot on this host; for workers on several hosts "
-                          f"start a per-host fleetrun of the job on each (docs/elastic_workers.md)")
     if len(config.worker_endpoints) != high:
         raise ConfigError(f"an elastic job with --np {low}:{high} needs {high} worker endpoints (one per slot); got "
                           f"{len(config.worker_endpoints)}")
+    if config.multi_host:  # a rendezvous places the slots: this host starts its local_workers
+        object.__setattr__(config, "initial_workers", len(config.local_workers))
+        return
     initial = low if config.initial_workers is None else config.initial_workers
     if not isinstance(initial, int) or not low <= initial <= high:
         raise ConfigError(f"--worker_num {initial} is outside --np {low}:{high}: start between {low} and {high} "

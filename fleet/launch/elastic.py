@@ -15,7 +15,9 @@ While the job runs, ``ElasticPolicy.tick`` (called from the job loop):
   lowest slot that never ran (then the lowest lost one), up to MAX running.
 
 ``admit_worker(job, worker_id=None)`` is the one call that starts a worker in a running
-job (used by the request path and by rendezvous code that assigns ids itself).
+job (used by the request path and by rendezvous code that assigns ids itself). In a job
+whose slots span hosts (``LaunchConfig.local_workers`` given by a rendezvous) each host's
+fleetrun tolerates its lost workers and the rendezvous enforces MIN over every host.
 
 Thread-safety: everything runs in fleetrun's main thread (the SIGUSR1 handler only sets a
 flag).
@@ -117,7 +119,10 @@ class ElasticPolicy:
                 self.replacements_left -= 1
                 admit_worker(self.job, ch.index, why=f"replacing lost {ch.name}")
             self.write_state()
-        if self.lost and not self.data_done() and len(self.running()) < self.low:
+        # Multi-host (slots placed by a rendezvous): MIN counts every host's workers, which
+        # the rendezvous knows; this host only tolerates its lost workers.
+        if (self.lost and not self.data_done() and not self.job.config.multi_host
+                and len(self.running()) < self.low):
             names = ", ".join(f"{ch.name} ({ch.describe_exit()})" for ch in self.lost)
             say(f"only {plural(len(self.running()), 'worker')} left, fewer than --np {self.low}:{self.high}'s "
                 f"minimum {self.low}: the job fails. Lost: {names}")

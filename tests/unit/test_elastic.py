@@ -183,3 +183,12 @@ def test_np_refuses_a_worker_num_outside_its_range_and_collective_jobs():
     with pytest.raises(ConfigError, match=r"worker_replacements are for elastic jobs"):
         LaunchConfig("train.py", server_endpoints=("127.0.0.1:1",), worker_endpoints=("127.0.0.1:2",),
                      worker_replacements=1)
+
+
+def test_a_multi_host_elastic_config_starts_its_local_slots_and_admits_by_id():
+    config = LaunchConfig("train.py", server_endpoints=("10.0.0.1:1",),
+                          worker_endpoints=("10.0.0.1:2", "10.0.0.2:2", "10.0.0.2:3"),
+                          local_servers=(), local_workers=(1,), elastic=(1, 3))
+    assert config.here("worker") == (1,) and config.initial_workers == 1
+    env = process_environment(config, "worker", 2, base={})
+    assert (env["FLEET_ELASTIC"], env["PADDLE_TRAINER_ID"], env["POD_IP"]) == ("1:3", "2", "10.0.0.2")
