@@ -65,6 +65,7 @@ class Communicator(CommunicatorAPI):
         self.who = f"worker {self.worker_id} of {plan.worker_num}"
         self.failure_reported = False
         self.elastic_pass = None  # elastic jobs: the newest work-queue pass this worker opened
+        self.training_workers = None  # elastic jobs: workers training, as server 0 last said
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
@@ -410,7 +411,9 @@ class Communicator(CommunicatorAPI):
         """Elastic jobs: tells every server this worker process takes its id (new, or a
         replacement of a lost worker); returns the ids training (server 0's view). Blocks."""
         replies = self._all({ep: ("join", [], [], None) for ep in self.endpoints})
-        return replies[self.endpoints[0]].meta.get("live")
+        live = replies[self.endpoints[0]].meta.get("live")
+        self.training_workers = len(live) if live else None
+        return live
 
     def coordinator_request(self, op, meta, arrays=()):
         """Sends ``op`` to server 0 (the work queue and reductions of elastic jobs) and

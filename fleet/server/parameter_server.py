@@ -444,7 +444,9 @@ class ParameterServer(ElasticOps):
             rows, values = table.pull_changed(req.worker)
             names += [name + "@ROWS", name + "@VALUES"]
             arrays += [rows + block.row_offset, values]
-        req.reply(names=names, arrays=arrays)
+        # Elastic: how many workers train now, the divisor of the next deltas.
+        req.reply(names=names, arrays=arrays,
+                  meta=None if self.elastic is None else {"training": len(self.live - self.stopped)})
 
     # ------------------------------------------------------------------ coordination
     def _op_barrier(self, req):
