@@ -127,6 +127,7 @@ class ElasticSource:
         self._max_held = 2 * max(1, config.threads)
         self._stop = threading.Event()
         self._flushing = False
+        self._asking = 0  # readers asking the queue for a unit now
         self.error = None
         self.counts = {"units": 0, "acked": 0, "stale": 0, "lines": 0, "examples": 0, "batches": 0}
         self.bad = BadLines()
@@ -167,19 +168,25 @@ class ElasticSource:
         wait = None
         while not self._stop.is_set():
             self._ack_trained(flush_if_idle=False)
-            with self._lock:
-                busy = self._flushing or len(self._units) >= self._max_held
+            with self._lock:  # a slot is reserved before asking: never more than _max_held units
+                busy = self._flushing or len(self._units) + self._asking >= self._max_held
+                if not busy:
+                    self._asking += 1
             if busy:
                 self._ack_trained(flush_if_idle=True)
                 time.sleep(POLL_S / 4)
                 continue
-            meta = self._comm.coordinator_request("units_take", {"pass": self.pass_id}).meta
-            if "unit" in meta:
-                unit = _Unit(meta["unit"], meta["path"], meta["start"], meta["end"])
+            try:
+                meta = self._comm.coordinator_request("units_take", {"pass": self.pass_id}).meta
+                if "unit" in meta:
+                    unit = _Unit(meta["unit"], meta["path"], meta["start"], meta["end"])
+                    with self._lock:
+                        self._units[unit.index] = unit
+                        self.counts["units"] += 1
+                    return unit
+            finally:
                 with self._lock:
-                    self._units[unit.index] = unit
-                    self.counts["units"] += 1
-                return unit
+                    self._asking -= 1
             if meta.get("done"):
                 return None
             self._ack_trained(flush_if_idle=True)
@@ -230,7 +237,7 @@ class ElasticSource:
         with self._lock:
             trained = [u for u in self._units.values() if u.trained()]
             ready = [u for u in trained if self._comm.pushes_sent(u.mark)]
-            idle = len(trained) == len(self._units) and not self._flushing
+            idle = len(trained) == len(self._units) and not self._flushing and not self._asking
             flush = flush_if_idle and idle and len(ready) < len(trained)
             if flush:
                 self._flushing = True
