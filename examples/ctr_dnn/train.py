@@ -154,15 +154,18 @@ def job_metrics(summary, auc_states):
     Returns:
         {"global_auc": AUC of every worker's predictions of the epoch together (their
         buckets merged), "loss": the mean over workers of each one's last batch loss,
-        "examples": examples trained by all workers, "workers": how many}.
+        "examples": examples trained by all workers, "workers": how many took part (in an
+        elastic job, fleetrun --np, the workers still training)}.
     """
     _, _, stat_pos, stat_neg = auc_states
     global_auc = fleet.metrics.auc(stat_pos, stat_neg)
-    loss = summary["fetch"].get("loss")  # None after a resume that found the epoch trained already
+    loss = summary["fetch"].get("loss")  # none when the other workers trained the whole pass (elastic)
+    # or after a resume that found the epoch trained already
     last_loss = float(loss.reshape(-1)[0]) if loss is not None else 0.0
-    loss, examples = fleet.metrics.sum(np.array([last_loss, summary["examples"]], dtype=np.float64))
-    workers = fleet.worker_num()
-    return {"global_auc": global_auc, "loss": loss / workers, "examples": int(examples), "workers": workers}
+    loss, examples, workers, with_loss = fleet.metrics.sum(
+        np.array([last_loss, summary["examples"], 1, loss is not None], dtype=np.float64))
+    return {"global_auc": global_auc, "loss": loss / max(with_loss, 1), "examples": int(examples),
+            "workers": int(workers)}
 
 
 def main(argv=None):
@@ -203,7 +206,9 @@ def main(argv=None):
     metrics = os.path.join(args.model_dir, "metrics.jsonl")
     scope = fleet.global_scope()
     for epoch in range(cfg.epoch if cfg else 0, args.epochs):
-        if not (resumed and cfg.epoch_step):  # a resumed epoch keeps the AUC states the checkpoint had
+        # A resumed epoch keeps the AUC states the checkpoint had; an elastic pass (FLEET_ELASTIC)
+        # trains a resumed epoch again from its start, so its states start from zero.
+        if not (resumed and cfg.epoch_step) or os.environ.get("FLEET_ELASTIC"):
             for state in auc_states:  # the epoch's AUC, not the run's so far
                 scope[state.name][...] = 0
         resumed = None
@@ -217,7 +222,7 @@ def main(argv=None):
               f"pass {started:.3f}-{time.time():.3f} (Unix time)", flush=True)
         job = job_metrics(summary, auc_states)  # every worker takes part
         if fleet.is_first_worker():
-            workers = fleet.worker_num()
+            workers = job["workers"]
             print(f"epoch {epoch}: global auc {job['global_auc']:.4f} over {workers} "
                   f"worker{'s' if workers > 1 else ''}", flush=True)
         if not fleet.is_local():  # the saved model holds every worker's updates of this epoch

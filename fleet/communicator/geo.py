@@ -6,6 +6,8 @@
   first exchanges come sooner, after 1, 2, 4, ... steps, doubling up to
   ``update_frequency``: workers drift apart fastest at the start, and a pass shorter than
   ``update_frequency`` would otherwise average models trained apart (it is logged).
+  In an elastic job "workers" is how many train now (server 0 says so at every exchange),
+  not the MAX worker slots.
 """
 import logging
 import threading
@@ -67,6 +69,18 @@ class GeoCommunicator(Communicator):
         steps (telemetry). Never blocks."""
         return self._steps
 
+    def pushes_mark(self):
+        """(exchanges so far, local steps not exchanged): the steps before the mark are on
+        the servers once an exchange after it happened (``pushes_sent``)."""
+        with self._lock:
+            return self.stats["sends"], self._steps
+
+    def pushes_sent(self, mark):
+        if mark is None or not mark[1]:
+            return True
+        with self._stats_lock:
+            return self.stats["sends"] > mark[0]
+
     def flush(self):
         with self._lock:
             if self._steps:
@@ -90,7 +104,8 @@ class GeoCommunicator(Communicator):
         super().end_pass()
 
     def _exchange(self):
-        workers = self.plan.worker_num
+        # Elastic jobs: the workers training now (server 0's last answer), not the MAX slots.
+        workers = self.training_workers or self.plan.worker_num
         by_grad = {p.grad: p for p in self.plan.params.values()}
         out = {ep: ([], []) for ep in self.endpoints}
         pulls, changed = {}, {}
@@ -117,6 +132,9 @@ class GeoCommunicator(Communicator):
         requests = {ep: ("geo_push", names, arrays, {"pull": pulls.get(ep, []), "pull_changed": changed.get(ep, [])})
                     for ep, (names, arrays) in out.items()}
         replies = self._all(requests)
+        training = replies[self.endpoints[0]].meta.get("training")
+        if training:
+            self.training_workers = int(training)
         for reply in replies.values():
             names, arrays = reply.names, reply.arrays
             i = 0

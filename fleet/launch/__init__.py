@@ -18,6 +18,8 @@ The package's parts:
 - `fleet.launch.config`: ``LaunchConfig`` and ``process_environment``;
 - `fleet.launch.local`: the processes of this host (``launch``);
 - `fleet.launch.restart`: ``--max_restarts``: restarting the whole job after a failure;
+- `fleet.launch.elastic`: elastic jobs (``--np MIN:MAX``): lost workers, replacements,
+  ``admit_worker`` and ``--add_workers``;
 - `fleet.launch.report`: fleetrun's messages, log tails, the error a log ends with.
 """
 from fleet.launch.cli import build_parser, config_from_args, main

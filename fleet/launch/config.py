@@ -6,6 +6,7 @@ import math
 import os
 
 from fleet.endpoints import parse_endpoint
+from fleet.elastic import ELASTIC_ENV
 from fleet.errors import ConfigError
 from fleet.telemetry import METRICS_PORT_ENV
 from fleet.transport.curve import KEYS_DIR_ENV
@@ -83,6 +84,14 @@ class LaunchConfig:
             `fleet.launch.restart`); 0 (the default): the first failure ends the job.
         restart_from_scratch: restart even when no process of the job made a
             ``fleet.CheckpointConfig`` (the restarted job trains from the start).
+        elastic: (MIN, MAX) of an elastic job (``fleetrun --np MIN:MAX``, see
+            ``fleet.launch.elastic``), or None. ``worker_endpoints`` then lists MAX slots,
+            every process gets FLEET_ELASTIC=MIN:MAX, and ``initial_workers`` of them start.
+        initial_workers: elastic jobs: workers started at first (MIN..MAX; default MIN). In
+            a multi-host elastic job (``local_workers`` given, e.g. by a rendezvous) this host
+            starts its ``local_workers`` and ``initial_workers`` is their count.
+        worker_replacements: elastic jobs: how many lost workers fleetrun restarts in
+            total, each under its lost id (0: a lost worker's share goes to the others).
 
     Raises:
         ConfigError: a value is malformed; the message names it and the fix.
@@ -110,6 +119,9 @@ class LaunchConfig:
     collective: bool = False
     max_restarts: int = 0
     restart_from_scratch: bool = False
+    elastic: tuple[int, int] | None = None
+    initial_workers: int | None = None
+    worker_replacements: int = 0
 
     def __post_init__(self):
         for name in ("script_args", "server_endpoints", "worker_endpoints"):
@@ -177,6 +189,7 @@ class LaunchConfig:
         if self.restart_from_scratch and not self.max_restarts:
             raise ConfigError("--restart_from_scratch only matters with --max_restarts K (K >= 1): give "
                               "both, or neither")
+        _check_elastic(self)
         if self.failure_grace is None:
             object.__setattr__(self, "failure_grace", DEFAULT_FAILURE_GRACE)
         grace = self.failure_grace
@@ -207,7 +220,37 @@ class LaunchConfig:
             return local
         if role == "worker" and self.is_local:
             return (0,)
+        if role == "worker" and self.elastic is not None:
+            return tuple(range(self.initial_workers))
         return tuple(range(len(self.server_endpoints if role == "server" else self.worker_endpoints)))
+
+
+def _check_elastic(config):
+    """Validates the elastic fields of a LaunchConfig (and sets initial_workers)."""
+    if config.elastic is None:
+        if config.initial_workers is not None or config.worker_replacements:
+            raise ConfigError("initial_workers and worker_replacements are for elastic jobs: give elastic=(MIN, MAX) "
+                              "(fleetrun --np MIN:MAX)")
+        return
+    low, high = config.elastic
+    object.__setattr__(config, "elastic", (int(low), int(high)))
+    if config.collective or config.is_local:
+        raise ConfigError(f"--np {low}:{high} makes a parameter-server job elastic; a "
+                          f"{'collective' if config.collective else 'local'} job cannot be: give --server_num 1 or "
+                          f"more, without --collective")
+    if len(config.worker_endpoints) != high:
+        raise ConfigError(f"an elastic job with --np {low}:{high} needs {high} worker endpoints (one per slot); got "
+                          f"{len(config.worker_endpoints)}")
+    if config.multi_host:  # a rendezvous places the slots: this host starts its local_workers
+        object.__setattr__(config, "initial_workers", len(config.local_workers))
+        return
+    initial = low if config.initial_workers is None else config.initial_workers
+    if not isinstance(initial, int) or not low <= initial <= high:
+        raise ConfigError(f"--worker_num {initial} is outside --np {low}:{high}: start between {low} and {high} "
+                          f"workers")
+    object.__setattr__(config, "initial_workers", initial)
+    if not isinstance(config.worker_replacements, int) or config.worker_replacements < 0:
+        raise ConfigError(f"--worker_replacements {config.worker_replacements!r} must be an integer >= 0")
 
 
 def _check_unique(servers, workers):
@@ -250,6 +293,7 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
         raise ConfigError(f"{role} {index} does not exist: the job has {count} {role}s")
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in ROLE_VARIABLES and k not in STALE_VARIABLES}
+    env.pop(ELASTIC_ENV, None)  # fleetrun decides: --np MIN:MAX makes FLEET_ELASTIC, else a fixed job
     if config.metrics_port is not None:
         env[METRICS_PORT_ENV] = str(config.metrics_port_of(role, index))
     if config.is_local:
@@ -275,6 +319,8 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
     })
     if role == "worker":
         env["PADDLE_TRAINER_ID"] = str(index)
+    if config.elastic is not None:
+        env[ELASTIC_ENV] = f"{config.elastic[0]}:{config.elastic[1]}"
     _common_environment(config, env, role, index, host)
     return env
 
