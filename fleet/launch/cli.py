@@ -548,7 +548,7 @@ def launch_with_etcd(args: argparse.Namespace) -> int:
         return 128 + signal.SIGINT
     say(f"{rendezvous.where} formed in {rendezvous.seconds:.2f} s: "
         + "; ".join(f"{m.addr}: {plan.ranks_of(m.addr)}" for m in plan.members))
-    code = EXIT_PROCESS_FAILED
+    code, down = EXIT_PROCESS_FAILED, None
     try:
         placement = place(plan.servers, plan.workers, host=me.addr,
                           host_source=rendezvous.host_source)
@@ -561,14 +561,14 @@ def launch_with_etcd(args: argparse.Namespace) -> int:
                                   host=placement.name, keys_dir=_keys_dir(args, True))
         code = launch(config, monitor=rendezvous.monitor)
         down = rendezvous.monitor.etcd_down()
-        if code != 0 and down is not None:
-            say(f"exit {code}: the job failed while etcd at {rendezvous.client.endpoint} was "
-                f"unreachable (for {down[0]:.1f} s), so the change of membership could not go "
-                "through etcd; bring etcd back (or point --elastic_server at a running one) "
-                "before starting the job again")
-        return code
     finally:
         rendezvous.leave(code)
+    if code != 0 and down is not None:  # the last line: what to fix before a new start
+        say(f"exit {code}: the job failed while etcd at {rendezvous.client.endpoint} was "
+            f"unreachable (for {down[0]:.1f} s), so the change of membership could not go "
+            "through etcd; bring etcd back (or point --elastic_server at a running one) "
+            "before starting the job again")
+    return code
 
 
 def main(argv=None) -> None:

@@ -218,3 +218,29 @@ def test_etcd_going_away_is_noticed_and_no_membership_change(etcd):
     finally:
         for r in rdvs:
             r.leave(0)  # says it could not tell etcd; returns
+
+
+class _ChangeAfter:
+    """A membership monitor that reports a change on its n-th poll."""
+
+    def __init__(self, n, change):
+        self.polls, self.n, self.change = 0, n, change
+
+    def poll(self):
+        self.polls += 1
+        return self.change if self.polls >= self.n else None
+
+
+def test_a_membership_change_stops_the_job_and_fleetrun_exits_1_naming_it(tmp_path, capsys):
+    from fleet.launch.config import LaunchConfig
+    from fleet.launch.local import launch
+    script = tmp_path / "train.py"
+    script.write_text("import time\nprint('training', flush=True)\ntime.sleep(60)\n")
+    change = "host 10.9.9.2 (server 1, worker 1) was lost from job 'j' at etcd 10.9.9.1:2379"
+    config = LaunchConfig(str(script), log_dir=str(tmp_path / "log"), kill_timeout=5)
+    assert launch(config, monitor=_ChangeAfter(10, change)) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert f"fleetrun: membership change: {change}" in err
+    assert f"fleetrun: exit 1: membership change: {change}" in err
+    assert any("stopped by fleetrun (SIGTERM) after a membership change of the job" in line
+               for line in err), err
