@@ -329,8 +329,13 @@ class Rendezvous:
         """Tell the job this host is done (its exit code), drop its registration, and
         delete the job's keys if it was the last host. Bounded by the calls' timeouts;
         never raises (an unreachable etcd is reported: the lease then expires by itself)."""
+        down = self.monitor.etcd_down() if self.monitor is not None else None
         if self.monitor is not None:
             self.monitor.stop()
+        if down is not None:
+            say(f"etcd at {self.client.endpoint} is still unreachable, so this host's registration "
+                f"expires by itself within {self.ttl} s ({TTL_ENV})")
+            return
         try:
             self.client.put(self.prefix + "done/" + self.me.addr, str(exit_code))
             self.client.revoke_lease(self.lease)

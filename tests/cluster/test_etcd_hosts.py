@@ -173,3 +173,34 @@ def test_with_etcd_gone_a_new_host_is_refused_and_a_lost_host_ends_the_job_namin
     started["h2"][0].kill()
     started["h2"][0].communicate(timeout=30)
     assert cluster.leftovers() == {}
+
+
+def test_a_host_lost_while_etcd_runs_ends_the_job_as_a_membership_change(
+        cluster_factory, tmp_path, ctr_data, ctr_keys):
+    """h3's fleetrun is SIGKILLed (its processes die with it): its lease (2 s) expires long
+    before the heartbeats' 15 s, and h1 and h2 end the job naming h3 and etcd."""
+    cluster = cluster_factory(3)
+    h1, h2, h3 = cluster.hosts
+    etcd = _etcd_in(h1, tmp_path)
+    env = ctr.clean_env(PADDLE_ELASTIC_TTL="2", FLEET_HEARTBEAT_TIMEOUT_MS="15000")
+    started = {h.name: _fleetrun(h, tmp_path, etcd, "ctr-lost", ctr_data, tmp_path / "model",
+                                 "async", ctr_keys, env, epochs=400) for h in cluster.hosts}
+    _wait_for(lambda: _batches(_worker0_log(tmp_path)) >= 2, 90, "worker 0 trains",
+              started.values())
+    lost = started.pop("h3")[0]
+    lost.kill()  # fleetrun only: its processes get SIGKILL from the kernel (PDEATHSIG)
+    lost.communicate(timeout=30)
+    results = _finish(started, 60)
+    for name, (code, out, err, work) in results.items():
+        lines = [line for line in err.splitlines() if line.startswith("fleetrun: exit 1: ")]
+        print(name, lines)
+        assert code == 1, f"{name} exited {code}: {err[-2000:]}"
+        assert lines and lines[-1].startswith(
+            f"fleetrun: exit 1: membership change: host {h3.addr} (worker "), err[-3000:]
+        assert lines[-1].endswith(
+            f") was lost from job 'ctr-lost' at etcd {etcd.endpoint}: its registration expired "
+            "(no keepalive for 2 s: the host is down, cut off, or its fleetrun was killed); "
+            "fleet cannot re-form a running job without it"), lines[-1]
+        assert "stopped by fleetrun (SIGTERM) after a membership change of the job" in err
+    etcd.stop()
+    assert cluster.leftovers() == {}
