@@ -19,6 +19,7 @@ import uuid
 import numpy as np
 
 from fleet import telemetry
+from fleet.elastic import ServerReducer, elastic_range
 from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
@@ -123,13 +124,20 @@ class Fleet:
 
     def split_files(self, files):
         """Returns this worker's contiguous share of ``files``: ``len(files) // workers``
-        each, the first ``len(files) % workers`` workers one more.
+        each, the first ``len(files) % workers`` workers one more. In an elastic job
+        (FLEET_ELASTIC, ``fleetrun --np``) the whole list: ``train_from_dataset`` then
+        takes the worker's share as work units from the servers while it trains
+        (``fleet.dataset.elastic``), so workers that join or are lost change the split.
 
         Raises:
             TypeError: files is not a list (Paddle's message).
         """
         if not isinstance(files, list):
             raise TypeError("files should be a list of file need to be read.")
+        if elastic_range() is not None and not self.is_local():
+            log.info("fleet.split_files: elastic job: every worker gets the %d files; the servers' work queue "
+                     "splits them while the workers train", len(files))
+            return list(files)
         trainers = self.worker_num()
         trainer_id = self.worker_index()
         blocksize = len(files) // trainers
@@ -177,6 +185,12 @@ class Fleet:
         lent = self._runtime_group(what)
         if lent is not None:
             return lent
+        if elastic_range() is not None and not self.is_local():
+            comm = getattr(self._runtime, "comm", None)
+            if not getattr(self._runtime, "started", False):
+                raise ConfigError(f"{what} in an elastic job reduces over the live workers through server 0: call "
+                                  f"it after fleet.init_worker() and before fleet.stop_worker()")
+            return ServerReducer(comm)
         if self.is_local() or self.worker_num() == 1:
             return None
         with self._group_lock:

@@ -13,6 +13,7 @@ own (heartbeats are answered even while a handler is busy) and fails workers who
 heartbeats stop (``ParameterServer.check_liveness``).
 """
 import atexit
+import json
 import logging
 import sys
 import threading
@@ -24,6 +25,7 @@ import numpy as np
 
 from fleet import telemetry
 from fleet.communicator import make_communicator
+from fleet.elastic import check_elastic_mode, elastic_range
 from fleet.errors import ConfigError, FleetTimeoutError, ServerError, TransportError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
@@ -47,6 +49,7 @@ log = logging.getLogger("fleet")
 
 def build_runtime(fleet, strategy, main, startup, optimizer):
     """Returns the WorkerRuntime, ServerRuntime or CollectiveRuntime of this process."""
+    check_elastic_mode(strategy.mode)
     if strategy.mode == "collective":
         return CollectiveRuntime(fleet, strategy, main, startup)
     plan = build_plan(main, strategy, fleet.server_endpoints(), fleet.worker_num())
@@ -271,6 +274,9 @@ class WorkerRuntime:
         self.heartbeat.start()
         try:
             self.comm.start()
+            if elastic_range() is not None:  # before the pull: a replacement's id is taken again
+                live = self.comm.join()
+                log.info("fleet: %s joined the elastic job (workers training: %s)", self.comm.who, live)
             self.comm.pull_dense()
             if self.plan.mode == "geo":
                 scope = global_scope()
@@ -588,7 +594,7 @@ class ServerRuntime:
         """
         config = self.strategy.get_program_config()
         options = {"dc_asgd": config.enable_dc_asgd, "merge_pushes": config.merge_async_pushes,
-                   "worker_endpoints": self.fleet.worker_endpoints()}
+                   "worker_endpoints": self.fleet.worker_endpoints(), "elastic": elastic_range()}
         if model_dir is None:
             self.server = ParameterServer(self.endpoint, self.plan, self._initial_values(), **options)
             return
@@ -625,6 +631,9 @@ class ServerRuntime:
             finally:
                 self.stats = sock.stats()
         _report_bad_input(self.endpoint, self.stats)
+        if ps.elastic is not None and ps.work.passes:
+            for status in ps.work.status().values():
+                log.info("fleet: %s work queue: %s", self.name, json.dumps(status, sort_keys=True))
         if ps.failure is not None:
             raise FleetTimeoutError(f"server {self.endpoint} stopped: {ps.failure}")
         log.info("fleet: server %s done: every worker stopped", self.endpoint)
@@ -656,11 +665,12 @@ class _ServerWatch:
     def _log_waits(self, last_heard):
         ps = self.ps
         if self.connect_wait is not None:
-            missing = [w for w in range(ps.workers) if w not in last_heard and w not in ps.stopped]
+            expected = ps.expected_workers()
+            missing = [w for w in expected if w not in last_heard and w not in ps.stopped and w not in ps.lost]
             if not missing:
                 self.connect_wait = None
             else:
-                self.connect_wait.tick(f"{ps.workers - len(missing)} of {ps.workers} connected; not yet "
+                self.connect_wait.tick(f"{len(expected) - len(missing)} of {len(expected)} connected; not yet "
                                        f"{_workers(missing)}")
         current = {}
         for what, since, arrived, missing in ps.waits():
@@ -672,7 +682,7 @@ class _ServerWatch:
             wait.tick(f"{len(arrived)} of {len(arrived) + len(missing)} arrived")
         self.waits = current
         if ps.stopped and ps.failure is None:
-            running = [w for w in range(ps.workers) if w not in ps.stopped and w not in ps.lost]
+            running = [w for w in ps.expected_workers() if w not in ps.stopped and w not in ps.lost]
             if running:
                 if self.stop_wait is None or self.stop_wait.running != running:
                     self.stop_wait = WaitLog(f"{_workers(running)} to call fleet.stop_worker() "

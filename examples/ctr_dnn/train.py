@@ -126,14 +126,17 @@ def job_metrics(summary, auc_states):
     Returns:
         {"global_auc": AUC of every worker's predictions of the epoch together (their
         buckets merged), "loss": the mean over workers of each one's last batch loss,
-        "examples": examples trained by all workers, "workers": how many}.
+        "examples": examples trained by all workers, "workers": how many took part (in an
+        elastic job, fleetrun --np, the workers still training)}.
     """
     _, _, stat_pos, stat_neg = auc_states
     global_auc = fleet.metrics.auc(stat_pos, stat_neg)
-    last_loss = float(summary["fetch"]["loss"].reshape(-1)[0])
-    loss, examples = fleet.metrics.sum(np.array([last_loss, summary["examples"]], dtype=np.float64))
-    workers = fleet.worker_num()
-    return {"global_auc": global_auc, "loss": loss / workers, "examples": int(examples), "workers": workers}
+    loss = summary["fetch"].get("loss")  # none when the other workers trained the whole pass (elastic)
+    last_loss = float(loss.reshape(-1)[0]) if loss is not None else 0.0
+    loss, examples, workers, with_loss = fleet.metrics.sum(
+        np.array([last_loss, summary["examples"], 1, loss is not None], dtype=np.float64))
+    return {"global_auc": global_auc, "loss": loss / max(with_loss, 1), "examples": int(examples),
+            "workers": int(workers)}
 
 
 def main(argv=None):
@@ -181,7 +184,7 @@ def main(argv=None):
               f"pass {started:.3f}-{time.time():.3f} (Unix time)", flush=True)
         job = job_metrics(summary, auc_states)  # every worker takes part
         if fleet.is_first_worker():
-            workers = fleet.worker_num()
+            workers = job["workers"]
             print(f"epoch {epoch}: global auc {job['global_auc']:.4f} over {workers} "
                   f"worker{'s' if workers > 1 else ''}", flush=True)
         if not fleet.is_local():  # the saved model holds every worker's updates of this epoch

@@ -358,6 +358,16 @@ class AsyncCommunicator(Communicator):
         with self._stats_lock:
             return self.stats["steps_queued"] - self.stats["steps_sent"]
 
+    def pushes_mark(self):
+        """The steps queued so far: they are sent in queue order, so once as many were
+        sent every step queued before the mark was pushed (``pushes_sent``)."""
+        with self._stats_lock:
+            return self.stats["steps_queued"]
+
+    def pushes_sent(self, mark):
+        with self._stats_lock:
+            return mark is None or self.stats["steps_sent"] >= mark
+
     def _send_loop(self):
         try:
             while not self._stop.is_set():

@@ -64,6 +64,7 @@ class Communicator(CommunicatorAPI):
         self.prefetch_inputs = {}
         self.who = f"worker {self.worker_id} of {plan.worker_num}"
         self.failure_reported = False
+        self.elastic_pass = None  # elastic jobs: the newest work-queue pass this worker opened
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
@@ -393,14 +394,40 @@ class Communicator(CommunicatorAPI):
                 server and the operation.
         """
         ep = self.endpoints[0]
+        meta = None if self.elastic_pass is None else {"pass": self.elastic_pass}
         with self._locks[ep]:
-            self.clients[ep].request("barrier", timeout_ms=None if timeout is None else int(timeout * 1000))
+            self.clients[ep].request("barrier", meta=meta,
+                                     timeout_ms=None if timeout is None else int(timeout * 1000))
 
     def all_to_all(self, blobs):
         """Sends blobs[j] to worker j; returns what every worker sent to this one."""
         arrays = [np.frombuffer(bytes(b), dtype=np.uint8) for b in blobs]
         reply = self._all({self.endpoints[0]: ("all_to_all", [f"to{j}" for j in range(len(arrays))], arrays, None)})
         return [a.tobytes() for a in reply[self.endpoints[0]].arrays]
+
+    # ------------------------------------------------------------------ elastic jobs
+    def join(self):
+        """Elastic jobs: tells every server this worker process takes its id (new, or a
+        replacement of a lost worker); returns the ids training (server 0's view). Blocks."""
+        replies = self._all({ep: ("join", [], [], None) for ep in self.endpoints})
+        return replies[self.endpoints[0]].meta.get("live")
+
+    def coordinator_request(self, op, meta, arrays=()):
+        """Sends ``op`` to server 0 (the work queue and reductions of elastic jobs) and
+        returns its reply. Blocks (bounded by FLEET_RPC_TIMEOUT_MS); thread-safe."""
+        ep = self.endpoints[0]
+        arrays = list(arrays)
+        return self._all({ep: (op, [f"a{i}" for i in range(len(arrays))], arrays, dict(meta))})[ep]
+
+    def pushes_mark(self):
+        """A mark of the updates this worker handed to ``send`` / ``geo_step`` so far (for
+        ``pushes_sent``). This base class sends before a step returns: nothing to mark."""
+        return None
+
+    def pushes_sent(self, mark):
+        """True once every update handed over before ``pushes_mark()`` returned ``mark``
+        was applied by the servers (acknowledged). Never blocks."""
+        return True
 
     def set_prefetch_inputs(self, tables):
         """Declares which fed variables hold the ids each table's prefetch reads:

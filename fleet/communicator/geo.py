@@ -67,6 +67,18 @@ class GeoCommunicator(Communicator):
         steps (telemetry). Never blocks."""
         return self._steps
 
+    def pushes_mark(self):
+        """(exchanges so far, local steps not exchanged): the steps before the mark are on
+        the servers once an exchange after it happened (``pushes_sent``)."""
+        with self._lock:
+            return self.stats["sends"], self._steps
+
+    def pushes_sent(self, mark):
+        if mark is None or not mark[1]:
+            return True
+        with self._stats_lock:
+            return self.stats["sends"] > mark[0]
+
     def flush(self):
         with self._lock:
             if self._steps:

@@ -209,6 +209,20 @@ def _lines_phrase(lines, skipped):
     return text
 
 
+def _refuse_in_elastic_job():
+    """Raises in a worker of an elastic job: its data comes in work units that a
+    QueueDataset takes from the servers; an InMemoryDataset would load every file."""
+    from fleet.elastic import elastic_range
+
+    limits = elastic_range()
+    if limits is None or os.environ.get("TRAINING_ROLE") != "TRAINER":
+        return
+    raise ConfigError(
+        f"InMemoryDataset loads its files whole, but in an elastic job (FLEET_ELASTIC={limits[0]}:{limits[1]}) "
+        f"every worker gets the whole file list and takes its share as work units while it trains: use "
+        f"DatasetFactory().create_dataset('QueueDataset'), or a fixed --worker_num")
+
+
 def _iterate(dataset, timeout):
     source = dataset._open_pass(1)
     try:
@@ -238,6 +252,14 @@ class QueueDataset(DatasetBase):
         config = self._pass_config()
         capacity = self._queue_num or max(4, 2 * max(config.threads, int(consumers)))
         return StreamSource(config, capacity)
+
+    def _open_elastic_pass(self, consumers, hooks):
+        """A training pass of an elastic job: work units from server 0's queue
+        (``fleet.dataset.elastic``; ``hooks`` is the program's communicator), or None
+        when this worker is not in an elastic job."""
+        from fleet.dataset.elastic import open_elastic_pass
+
+        return open_elastic_pass(self, consumers, hooks)
 
     def local_shuffle(self):
         """Not available: a QueueDataset streams its files."""
@@ -305,6 +327,7 @@ class InMemoryDataset(DatasetBase):
         """
         if self._loader is not None:
             raise ConfigError("a preload is already running; call wait_preload_done() first")
+        _refuse_in_elastic_job()
         threads = None if thread_num is None else _positive_int(thread_num, "thread_num")
         config = self._pass_config(threads)
         self._loader = Loader(config).start()

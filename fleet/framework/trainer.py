@@ -151,7 +151,8 @@ class DatasetTrainer:
 
     def _hogwild_loop(self, source, index):
         runner = Runner(self.plan, self.scope.new_scope())
-        ahead = self.hooks.prefetch_ahead and not self.serial
+        ahead = self.hooks.prefetch_ahead and not self.serial and getattr(source, "prefetch_ahead", True)
+        batch_done = getattr(source, "batch_done", None)  # elastic passes acknowledge work units
         try:
             batch = self._next(source) if ahead else None
             while not self._stop.is_set():
@@ -166,6 +167,8 @@ class DatasetTrainer:
                     n = self._feed(runner, batch)
                     runner.run()
                     self._record(runner, n)
+                    if batch_done is not None:
+                        batch_done(batch)
                     batch = following
                 if index == 0:
                     self._runner0 = runner
@@ -183,7 +186,8 @@ class DatasetTrainer:
 
         # With prefetch_ahead the next step's batches are read before this one runs, so
         # their remote rows come while it computes (as in the Hogwild loop).
-        ahead = self.hooks.prefetch_ahead and not self.serial
+        ahead = self.hooks.prefetch_ahead and not self.serial and getattr(source, "prefetch_ahead", True)
+        batch_done = getattr(source, "batch_done", None)  # elastic passes (never ahead)
         following = self._next_group(source) if ahead else None
         with ThreadPoolExecutor(self.threads, thread_name_prefix="fleet-train") as pool:
             while not self._stop.is_set():
@@ -217,19 +221,27 @@ class DatasetTrainer:
                 else:
                     for runner, n in zip(active, sizes):
                         self._record(runner, n)
+                if batch_done is not None:
+                    for batch in self._group_batches:
+                        batch_done(batch)
                 self._runner0 = lead
 
     def _next_group(self, source):
         """The batches of one reduce step: one per thread, or one batch split across them."""
         if self.split:
             batch = self._next(source)
+            self._group_batches = [] if batch is None else [batch]
             return [] if batch is None else split_batch(batch, self.threads)
         batches = []
+        # An elastic pass's later batches may only come once these ran (their work
+        # units end the pass): take what is ready, never wait holding batches.
+        ready = getattr(source, "get_ready", None)
         for _ in range(self.threads):
-            batch = self._next(source)
+            batch = self._next(source) if not batches or ready is None else ready()
             if batch is None:
                 break
             batches.append(batch)
+        self._group_batches = batches
         return batches
 
     def _monitor(self):
@@ -268,7 +280,10 @@ class DatasetTrainer:
             return self._run()
 
     def _run(self):
-        source = self.dataset._open_pass(self.threads)
+        elastic = getattr(self.dataset, "_open_elastic_pass", None) if self.train else None
+        source = elastic(self.threads, self.hooks) if elastic is not None else None
+        if source is None:
+            source = self.dataset._open_pass(self.threads)
         self.hooks.begin_pass(self.threads)
         if sys.stdout.isatty() and self.print_period:
             try:
@@ -312,7 +327,9 @@ class DatasetTrainer:
                 self.hooks.pass_failed(error)
             raise error
         report = dict(source.report()) if hasattr(source, "report") else {}
-        if self._examples == 0:
+        if self._examples == 0 and report.get("elastic"):
+            log.info("%s: the other workers trained every work unit of this elastic pass", self.hooks.who or "worker")
+        elif self._examples == 0:
             error = self._empty_pass_error(report)
             self.hooks.pass_failed(error)
             raise error

@@ -10,11 +10,13 @@ import textwrap
 
 from fleet.endpoints import parse_endpoint
 from fleet.envvars import env_int
+from fleet.elastic import parse_np
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (DEFAULT_FAILURE_GRACE, EXIT_PROCESS_FAILED, EXIT_USAGE,
                                  LaunchConfig, _check_unique)
 from fleet.launch import etcd_rendezvous as rdv_module
 from fleet.launch import hosts as hosts_module
+from fleet.launch.elastic import request_add_workers
 from fleet.launch.local import launch
 from fleet.launch.report import plural, say
 from fleet.launch.this_host import interface_addresses, place
@@ -136,6 +138,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a process fails, how long the others may take to exit by "
                         "themselves before they are stopped, so their logs say what they saw "
                         f"(default: {DEFAULT_FAILURE_GRACE:g}; 0: at once)")
+    elastic = p.add_argument_group(
+        "elastic jobs: workers that come and go (async, half_async and geo strategies)",
+        textwrap.fill(
+        "With --np MIN:MAX (Paddle 2.x's elastic name) the job has MAX worker slots (ports) and starts "
+        "--worker_num of them (default MIN); every process gets FLEET_ELASTIC=MIN:MAX and "
+        "PADDLE_TRAINERS_NUM=MAX. A worker that dies is lost, not the job's failure: the servers forget it after "
+        "FLEET_HEARTBEAT_TIMEOUT_MS and its unacknowledged work units go to the others (fleet.split_files gives "
+        "every worker the whole list; train_from_dataset takes work units from server 0). The job fails, naming "
+        "the lost workers, once fewer than MIN run before the data is done. Add workers to a running job with "
+        "`fleetrun --add_workers N --log_dir DIR` or `kill -USR1 <fleetrun pid>` (one). Sync, collective and "
+        "hybrid jobs cannot be elastic. See docs/elastic_workers.md.", width=86))
+    elastic.add_argument("--np", metavar="MIN:MAX",
+                         help="make the job elastic: keep it running while at least MIN workers are alive, "
+                              "admit up to MAX")
+    elastic.add_argument("--worker_replacements", type=int, default=0, metavar="K",
+                         help="with --np: restart up to K lost workers in total, each in its lost slot "
+                              "(default 0: the others take over its share)")
+    elastic.add_argument("--add_workers", type=int, metavar="N",
+                         help="ask the elastic fleetrun whose --log_dir is given to start N more workers, "
+                              "print which slots it started, and exit (no training script)")
     watch = p.add_argument_group(
         "watching a job (this host's processes; not with --hosts)",
         textwrap.fill(
@@ -276,6 +298,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
                               f"tables on servers)")
         servers = []
     server_num = _count(args.server_num, servers, "--server_num", "--servers", default=2)
+    if args.np is not None:
+        return _elastic_config(args, servers, workers, server_num)
+    if args.worker_replacements:
+        raise ConfigError(f"--worker_replacements {args.worker_replacements} is for elastic jobs: give --np MIN:MAX")
     worker_num = _count(args.worker_num, workers, "--worker_num", "--workers",
                         default=2 if server_num or args.collective else 1)
     if server_num == 0 and not args.collective:
@@ -308,6 +334,32 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
                         bind_any_workers=placement.bind_any_workers,
                         host=placement.name,
                         keys_dir=_keys_dir(args, True))
+
+
+def _elastic_config(args, servers, workers, server_num):
+    """The LaunchConfig of ``--np MIN:MAX``: MAX worker slots, --worker_num of them started."""
+    low, high = parse_np(args.np)
+    if args.collective or server_num == 0:
+        raise ConfigError(f"--np {args.np} makes a parameter-server job elastic: give --server_num 1 or more, "
+                          f"without --collective")
+    if workers is not None and len(workers) != high:
+        raise ConfigError(f"--workers lists {len(workers)} endpoints, but --np {args.np} needs one per slot: "
+                          f"{high}")
+    initial = low if args.worker_num is None else args.worker_num
+    need = (0 if servers else server_num) + (0 if workers else high)
+    ports = _choose_ports(need, args.start_port)
+    if servers is None:
+        servers, ports = [f"127.0.0.1:{p}" for p in ports[:server_num]], ports[server_num:]
+    if workers is None:
+        workers = [f"127.0.0.1:{p}" for p in ports[:high]]
+    servers, workers = tuple(servers), tuple(workers)
+    _check_unique(servers, workers)
+    placement = place(servers, workers, host=args.host, host_source="--host", nic=args.nic)
+    if not placement.whole_job:
+        raise ConfigError(f"--np {args.np} runs every worker slot on this host, but the endpoints name other "
+                          f"hosts: run an elastic job on one host (docs/elastic_workers.md)")
+    return _make_config(args, servers, workers, keys_dir=_keys_dir(args, False), elastic=(low, high),
+                        initial_workers=initial, worker_replacements=args.worker_replacements)
 
 
 def _keys_dir(args, multi_host):
@@ -408,7 +460,7 @@ def _pick_free_ports(count):
             s.close()
 
 
-_PER_HOST_ONLY = ("servers", "workers", "server_num", "worker_num", "host", "keys_dir",
+_PER_HOST_ONLY = ("servers", "workers", "server_num", "worker_num", "np", "host", "keys_dir",
                   "stop_on_stdin_eof", "result_json")
 _HOSTS_ONLY = ("dispatch", "workspace", "env")
 
@@ -476,6 +528,11 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
         raise ConfigError("--servers/--workers with --elastic_server: etcd hands out the "
                           "endpoints; give the job's totals (--server_num N --worker_num M) and "
                           "this host's share (--server_num_per_host, --worker_num_per_host)")
+    if args.np is not None or args.worker_replacements:
+        raise ConfigError(f"{'--np' if args.np is not None else '--worker_replacements'} with "
+                          "--elastic_server: workers that come and go run in a job on one host "
+                          "today (docs/elastic_workers.md), and a job formed through etcd has a "
+                          "fixed set of ranks (docs/elastic_etcd.md); leave out one of them")
     if not job_id:
         raise ConfigError(f"--elastic_server {server} needs --job_id ID (or {rdv_module.JOB_ID_ENV}): "
                           "the name under which this job's hosts meet in etcd")
@@ -581,6 +638,12 @@ def main(argv=None) -> None:
             say(f"wrote CURVE keys to {args.make_keys} (owner-only); copy the directory to "
                 f"every host of the job and give fleetrun --keys_dir {args.make_keys}")
             sys.exit(0)
+        if args.add_workers is not None:
+            result = request_add_workers(args.log_dir, args.add_workers)
+            say(f"the job's fleetrun started worker{'s' if len(result['admitted']) != 1 else ''} "
+                f"{', '.join(map(str, result['admitted'])) or 'none'}"
+                + (f"; refused {result['refused']}: {result['why']}" if result["refused"] else ""))
+            sys.exit(0 if not result["refused"] else EXIT_PROCESS_FAILED)
         if args.hosts is not None:
             _check_no_watch_options(args)
             if args.elastic_server:

@@ -6,6 +6,7 @@ import math
 import os
 
 from fleet.endpoints import parse_endpoint
+from fleet.elastic import ELASTIC_ENV
 from fleet.errors import ConfigError
 from fleet.telemetry import METRICS_PORT_ENV
 from fleet.transport.curve import KEYS_DIR_ENV
@@ -73,6 +74,12 @@ class LaunchConfig:
             read from their metrics endpoints (needs metrics_port), or None.
         collective: a collective job (``fleetrun --collective``): workers only, each with
             the variables of ``PaddleCloudRoleMaker(is_collective=True)``.
+        elastic: (MIN, MAX) of an elastic job (``fleetrun --np MIN:MAX``, see
+            ``fleet.launch.elastic``), or None. ``worker_endpoints`` then lists MAX slots,
+            every process gets FLEET_ELASTIC=MIN:MAX, and ``initial_workers`` of them start.
+        initial_workers: elastic jobs: workers started at first (MIN..MAX; default MIN).
+        worker_replacements: elastic jobs: how many lost workers fleetrun restarts in
+            total, each under its lost id (0: a lost worker's share goes to the others).
 
     Raises:
         ConfigError: a value is malformed; the message names it and the fix.
@@ -98,6 +105,9 @@ class LaunchConfig:
     metrics_port: int | None = None
     live_summary: float | None = None
     collective: bool = False
+    elastic: tuple[int, int] | None = None
+    initial_workers: int | None = None
+    worker_replacements: int = 0
 
     def __post_init__(self):
         for name in ("script_args", "server_endpoints", "worker_endpoints"):
@@ -159,6 +169,7 @@ class LaunchConfig:
             if self.metrics_port is None:
                 raise ConfigError("--live_summary reads the processes' metrics endpoints: give --metrics_port "
                                   "BASE too (server i then serves on BASE+i, worker j on BASE+servers+j)")
+        _check_elastic(self)
         if self.failure_grace is None:
             object.__setattr__(self, "failure_grace", DEFAULT_FAILURE_GRACE)
         grace = self.failure_grace
@@ -189,7 +200,37 @@ class LaunchConfig:
             return local
         if role == "worker" and self.is_local:
             return (0,)
+        if role == "worker" and self.elastic is not None:
+            return tuple(range(self.initial_workers))
         return tuple(range(len(self.server_endpoints if role == "server" else self.worker_endpoints)))
+
+
+def _check_elastic(config):
+    """Validates the elastic fields of a LaunchConfig (and sets initial_workers)."""
+    if config.elastic is None:
+        if config.initial_workers is not None or config.worker_replacements:
+            raise ConfigError("initial_workers and worker_replacements are for elastic jobs: give elastic=(MIN, MAX) "
+                              "(fleetrun --np MIN:MAX)")
+        return
+    low, high = config.elastic
+    object.__setattr__(config, "elastic", (int(low), int(high)))
+    if config.collective or config.is_local:
+        raise ConfigError(f"--np {low}:{high} makes a parameter-server job elastic; a "
+                          f"{'collective' if config.collective else 'local'} job cannot be: give --server_num 1 or "
+                          f"more, without --collective")
+    if config.multi_host:
+        raise ConfigError(f"--np {low}:{high} runs every worker slot on this host; for workers on several hosts "
+                          f"start a per-host fleetrun of the job on each (docs/elastic_workers.md)")
+    if len(config.worker_endpoints) != high:
+        raise ConfigError(f"an elastic job with --np {low}:{high} needs {high} worker endpoints (one per slot); got "
+                          f"{len(config.worker_endpoints)}")
+    initial = low if config.initial_workers is None else config.initial_workers
+    if not isinstance(initial, int) or not low <= initial <= high:
+        raise ConfigError(f"--worker_num {initial} is outside --np {low}:{high}: start between {low} and {high} "
+                          f"workers")
+    object.__setattr__(config, "initial_workers", initial)
+    if not isinstance(config.worker_replacements, int) or config.worker_replacements < 0:
+        raise ConfigError(f"--worker_replacements {config.worker_replacements!r} must be an integer >= 0")
 
 
 def _check_unique(servers, workers):
@@ -257,6 +298,9 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
     })
     if role == "worker":
         env["PADDLE_TRAINER_ID"] = str(index)
+    env.pop(ELASTIC_ENV, None)  # fleetrun decides: --np MIN:MAX, else a fixed job
+    if config.elastic is not None:
+        env[ELASTIC_ENV] = f"{config.elastic[0]}:{config.elastic[1]}"
     _common_environment(config, env, role, index, host)
     return env
 

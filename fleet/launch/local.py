@@ -198,6 +198,7 @@ class _Child:
         self.stopped_by_us = False   # its exit is the launcher's doing, not a failure
         self.stop_signal = None      # the last signal the launcher sent it ("SIGTERM", "SIGKILL")
         self.stop_reason = None      # why the launcher stopped it, e.g. "worker 1's failure"
+        self.tolerated = False       # elastic jobs: a lost worker the job goes on without
         self._exited = exited        # a threading.Event the job loop waits on
         self._waiter = threading.Thread(target=self._wait, name=f"fleetrun-wait {self.name}",
                                         daemon=True)
@@ -229,7 +230,7 @@ class _Child:
         return self.exit_time is not None
 
     def failed(self):
-        return self.returncode not in (None, 0) and not self.stopped_by_us
+        return self.returncode not in (None, 0) and not self.stopped_by_us and not self.tolerated
 
     def describe_exit(self):
         code = self.returncode
@@ -315,6 +316,11 @@ class _Job:
         self.children = []
         self.exited = threading.Event()  # set by a child's waiter thread when it exits
         self.cause = None                # the first process to fail, once one did
+        self.elastic = None              # an ElasticPolicy (--np MIN:MAX) while the job runs
+        if config.elastic is not None:
+            from fleet.launch.elastic import ElasticPolicy
+
+            self.elastic = ElasticPolicy(self)
 
     def run(self):
         streamer = None
@@ -324,6 +330,8 @@ class _Job:
             if self.config.stop_on_stdin_eof:
                 self.signals.watch_stdin(self.exited)
             self._start_all()
+            if self.elastic is not None:
+                self.elastic.start()
             first = [ch for ch in self.children if ch.role == "worker" and ch.index == 0]
             if first:
                 streamer = _LogStreamer(first[0].log_path)
@@ -334,6 +342,8 @@ class _Job:
             code = self._watch()
             return code
         finally:
+            if self.elastic is not None:
+                self.elastic.stop()
             if summary is not None:
                 summary.stop()
             self._stop(self._running(), "fleetrun ended")
@@ -387,20 +397,7 @@ class _Job:
         for role, index in plan:
             if self.signals.received:
                 return
-            log_path = os.path.join(c.log_dir, f"{role}log.{index}")
-            env = process_environment(c, role, index)
-            with open(log_path, "wb") as log:
-                try:
-                    popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
-                                             stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True, preexec_fn=preexec)
-                except OSError as e:
-                    raise FleetError(f"could not start {role} {index} ({' '.join(command)}): "
-                                     f"{e}") from e
-            endpoints = c.server_endpoints if role == "server" else c.worker_endpoints
-            self.children.append(_Child(role, index, popen, log_path,
-                                        endpoints[index] if index < len(endpoints) else None,
-                                        self.exited))
+            self.start_process(role, index, command=command, preexec=preexec)
         if c.is_local:
             say(f"started {c.training_script} for local training (no servers); "
                  f"log in {self.children[0].log_path}")
@@ -416,7 +413,38 @@ class _Job:
         else:
             say(f"started {plural(len(c.server_endpoints), 'server')} "
                  f"({','.join(c.server_endpoints)}) and "
-                 f"{plural(len(c.worker_endpoints), 'worker')}; logs in {c.log_dir}/")
+                 f"{plural(len(c.here('worker')), 'worker')}"
+                 + (f" of {len(c.worker_endpoints)} slots (--np {c.elastic[0]}:{c.elastic[1]})" if c.elastic else "")
+                 + f"; logs in {c.log_dir}/")
+
+    def start_process(self, role, index, append=False, command=None, preexec=None):
+        """Starts one process of the job (its log LOG_DIR/<role>log.<index>, appended to
+        with ``append``: a replacement in an elastic job) and returns its _Child.
+
+        Raises:
+            FleetError: it could not be started.
+        """
+        c = self.config
+        command = command or [sys.executable, "-u", c.training_script, *c.script_args]
+        log_path = os.path.join(c.log_dir, f"{role}log.{index}")
+        env = process_environment(c, role, index)
+        with open(log_path, "ab" if append else "wb") as log:
+            if append:
+                log.write(f"---- fleetrun: a new process for {role} {index} ----\n".encode())
+                log.flush()
+            try:
+                popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True,
+                                         preexec_fn=preexec or die_with_parent(os.getpid()))
+            except OSError as e:
+                raise FleetError(f"could not start {role} {index} ({' '.join(command)}): "
+                                 f"{e}") from e
+        endpoints = c.server_endpoints if role == "server" else c.worker_endpoints
+        child = _Child(role, index, popen, log_path, endpoints[index] if index < len(endpoints) else None,
+                       self.exited)
+        self.children.append(child)
+        return child
 
     # -- watching ----------------------------------------------------------------------
     def _watch(self):
@@ -433,6 +461,8 @@ class _Job:
             change = self.monitor.poll() if self.monitor is not None else None
             if change:
                 return self._on_membership_change(change)
+            if self.elastic is not None:
+                self.elastic.tick()
             if any(ch.failed() for ch in self.children):
                 # Processes that exited at about the same time: let every waiter thread
                 # record its exit, then the earliest is the root cause.
@@ -441,7 +471,8 @@ class _Job:
                                 key=lambda ch: ch.exit_time)
                 return self._on_failure(failed[0])
             workers = [ch for ch in self.children if ch.role == "worker"]
-            if all(ch.returncode == 0 for ch in workers):
+            if (self.elastic.workers_done() if self.elastic is not None
+                    else all(ch.returncode == 0 for ch in workers)):
                 servers = self._running()
                 if not servers:
                     if c.multi_host:
@@ -452,9 +483,12 @@ class _Job:
                                         f"{'itself' if count == 1 else 'themselves'}")
                         say(f"done on this host: {' and '.join(done)}")
                     else:
+                        ok = [ch for ch in workers if ch.returncode == 0]
+                        lost = [ch.name for ch in workers if ch.tolerated]
                         say("done: the script exited 0" if c.is_local else
-                            f"done: {plural(len(workers), 'worker')} exited 0 and every "
-                            "server exited by itself")
+                            f"done: {plural(len(ok), 'worker')} exited 0 and every "
+                            "server exited by itself"
+                            + (f"; lost on the way (elastic job): {', '.join(lost)}" if lost else ""))
                     return EXIT_OK
                 if c.multi_host:
                     # Other hosts' workers may still train: servers here are never

@@ -30,12 +30,18 @@ their optimizer state, ``pull_shard`` reads a distributed table out chunk by chu
 ``load`` restores a server's share of a checkpoint saved whole.
 
 Liveness (every mode): a worker that stops sending heartbeats without having sent
-``stop`` is lost (``check_liveness`` / ``fail_worker``). fleet has no elastic training, so
-a lost worker fails the job: its share of the data will not be trained. Parked requests
+``stop`` is lost (``check_liveness`` / ``fail_worker``). Unless the job is elastic, a lost
+worker fails the job: its share of the data will not be trained. Parked requests
 (sync steps, barriers, exchanges) are answered with an error naming the worker, every
 later request but ``stop`` too, and ``status()`` gives the text heartbeat replies carry,
 so every worker raises it within a heartbeat; the runtime then ends the server with an
 error. A server never waits for a dead worker.
+
+Elastic jobs (``elastic=(MIN, MAX)``, from FLEET_ELASTIC; async, half-async and GEO only):
+worker ids are slots 0..MAX-1, ids 0..MIN-1 expected from the start and the others joining
+when first heard; a lost worker is forgotten instead of failing the job, its work units go
+back to the queue, and barriers, merged pushes and reductions count the live workers
+(``fleet.server.work_queue``, which also holds the ops of elastic jobs).
 
 Hostile input: a request from a worker id outside the job, for a block or table this
 server does not hold, or with gradients of the wrong shape is answered with an error
@@ -55,6 +61,7 @@ from fleet.endpoints import split_endpoint
 from fleet.errors import ConfigError, DataError, FleetError
 from fleet.rules import rule_from_op_attrs
 from fleet.server.checkpoint import ShardCursor, load_server_state
+from fleet.server.work_queue import ElasticOps
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
 from fleet.transpiler.plan import DISTRIBUTED
@@ -63,7 +70,7 @@ from fleet.transport.settings import HEARTBEAT_TIMEOUT_MS_ENV, WORKER_CONNECT_TI
 log = logging.getLogger("fleet.server")
 
 # Ops any client may send whatever its worker id (tools and tests read with ids of their own).
-_READ_OPS = frozenset(("pull_dense", "pull_sparse"))
+_READ_OPS = frozenset(("pull_dense", "pull_sparse", "units_status"))
 # Ops that change the parameters: counted in ``updates`` (checkpoint_info reports it).
 _UPDATE_OPS = frozenset(("push", "sync_push", "geo_push"))
 
@@ -76,7 +83,7 @@ def _workers_phrase(ids):
     return ("worker " if len(ids) == 1 else "workers ") + ", ".join(map(str, ids))
 
 
-class ParameterServer:
+class ParameterServer(ElasticOps):
     """What one server holds and how it answers.
 
     Args:
@@ -87,18 +94,24 @@ class ParameterServer:
         dc_asgd: compensate async gradients for delay (async mode only).
         merge_pushes: async / half-async: average this many pushes into one update (1:
             each on arrival; 0: as many as workers are still training).
+        elastic: (MIN, MAX) for an elastic job (plan.worker_num is MAX), or None.
 
     Raises:
-        ConfigError: dc_asgd together with merge_pushes other than 1.
+        ConfigError: dc_asgd together with merge_pushes other than 1; an elastic sync job.
     """
 
-    def __init__(self, endpoint, plan, initial, dc_asgd=False, merge_pushes=1, worker_endpoints=()):
+    def __init__(self, endpoint, plan, initial, dc_asgd=False, merge_pushes=1, worker_endpoints=(), elastic=None):
         self.endpoint = endpoint
         self.worker_endpoints = tuple(worker_endpoints)  # for messages: where a lost worker ran
         self.plan = plan
         # Hybrid jobs keep only their tables here and push them as async workers do.
         self.mode = "async" if plan.mode == "hybrid" else plan.mode
         self.workers = plan.worker_num
+        self.elastic = None if elastic is None else (int(elastic[0]), int(elastic[1]))
+        if self.elastic is not None and self.mode not in ("async", "half_async", "geo"):
+            raise ConfigError(f"an elastic job (FLEET_ELASTIC={elastic[0]}:{elastic[1]}) cannot train in {self.mode} "
+                              f"mode, whose steps wait for a fixed set of workers: use async, half_async or geo, "
+                              f"or a fixed --worker_num")
         self.dc_asgd = bool(dc_asgd) and self.mode == "async"
         track = self.workers if self.mode == "geo" else 0
         self.blocks = {}  # block name -> (ParamPlan, Block, DenseTable)
@@ -115,7 +128,8 @@ class ParameterServer:
                 raise ConfigError(f"server {endpoint}: no initial value for {pplan.name!r}")
             value = block.rows_of(np.asarray(full, dtype=np.float32))
             self.blocks[block.name] = (pplan, block, DenseTable(block.name, value, rule, track_workers=track))
-        self.live = set(range(self.workers))
+        # Elastic: ids 0..MIN-1 are expected from the start; the others join when first heard.
+        self.live = set(range(self.workers if self.elastic is None else min(self.elastic[0], self.workers)))
         self._pending = {}  # merged async pushes: name -> gradients not applied yet
         self._pending_pushes = 0
         self.merge_pushes = int(merge_pushes) if self.mode in ("async", "half_async") else 1
@@ -141,6 +155,7 @@ class ParameterServer:
         self.updates = 0  # pushes applied (sync steps count once per worker)
         self.first_stop = None
         self._parked_since = {}  # "sync" / "barrier" / "exchange" -> when its first request was parked
+        self._init_elastic()
 
     # ------------------------------------------------------------------ helpers
     def _dense(self, name):
@@ -156,8 +171,18 @@ class ParameterServer:
         return entry
 
     def finished(self):
-        """True once every worker has stopped or was lost."""
+        """True once every worker has stopped or was lost (elastic: once a worker stopped
+        and none is left training)."""
+        if self.elastic is not None:
+            return bool(self.stopped) and not (self.live - self.stopped)
         return all(w in self.stopped or w in self.lost for w in range(self.workers))
+
+    def expected_workers(self):
+        """The worker ids this server waits for or heard from: every id of the job, or in
+        an elastic job the ids expected from the start and those that joined."""
+        if self.elastic is None:
+            return list(range(self.workers))
+        return sorted(self.live | self.stopped | set(self.lost))
 
     def _park(self, kind, parked, req):
         if not parked:
@@ -201,6 +226,8 @@ class ParameterServer:
         if req.op not in _READ_OPS and not 0 <= req.worker < self.workers:
             raise DataError(f"worker id {req.worker} is not a worker of this job (ids 0..{self.workers - 1}); "
                             f"{req.op!r} refused")
+        if self.elastic is not None:
+            self._elastic_seen(req)
         if self.failure is not None and req.op not in ("stop", "fail"):
             self.told.add(req.worker)
             raise FleetError(self.failure)
@@ -324,6 +351,8 @@ class ParameterServer:
         training = len(self.live - self.stopped)
         if self.merge_pushes == 0:
             return max(training, 1)
+        if self.elastic is not None:  # scaled from MIN workers, never above merge_pushes
+            return max(1, min(self.merge_pushes, -(-self.merge_pushes * training // self.elastic[0])))
         return max(1, -(-self.merge_pushes * training // self.workers))
 
     def _apply_pending(self):
@@ -450,6 +479,9 @@ class ParameterServer:
             parked.clear()
 
     def _maybe_release_barrier(self):
+        if self.elastic is not None and self._barrier:  # grouped by pass (work_queue)
+            self._release_keyed(self._barrier, lambda reqs: [r.reply() for r in reqs])
+            return
         if self._barrier and (self.live - self.stopped) <= set(self._barrier):
             reqs, self._barrier = list(self._barrier.values()), {}
             for r in reqs:
@@ -459,7 +491,10 @@ class ParameterServer:
         """Worker w sends blobs[j] for every worker j; each gets what all sent to it."""
         req.defer()
         self._park("exchange", self._exchange, req)
-        if set(self._exchange) >= (self.live - self.stopped):
+        self._maybe_release_exchange()
+
+    def _maybe_release_exchange(self):
+        if self._exchange and set(self._exchange) >= (self.live - self.stopped):
             reqs, self._exchange = self._exchange, {}
             order = sorted(reqs)
             for j in order:
@@ -477,6 +512,8 @@ class ParameterServer:
         # A stopped worker no longer holds back the others.
         self._maybe_finish_sync()
         self._maybe_release_barrier()
+        if self.elastic is not None:
+            self._membership_changed()
 
     def _op_fail(self, req):
         """A worker reports that it cannot go on (meta ``reason``: its exception); the job
@@ -490,6 +527,7 @@ class ParameterServer:
     def fail_worker(self, worker, reason):
         """Marks ``worker`` lost, which fails the job: parked requests and every later one
         but ``stop`` get an error naming it (no step or barrier waits for a dead worker).
+        In an elastic job the worker is forgotten instead (``ElasticOps._forget_worker``).
         A worker that stopped or was lost already is left as it is.
 
         Args:
@@ -497,13 +535,17 @@ class ParameterServer:
         """
         if worker in self.stopped or worker in self.lost or not 0 <= worker < self.workers:
             return
+        if self.elastic is not None:
+            self._forget_worker(worker, reason)
+            return
         self.lost[worker] = reason
         self.live.discard(worker)
         log.error("server %s: worker %d was lost: %s", self.endpoint, worker, reason)
         if self.failure is None:
             self.failure = (f"worker {worker} was lost: {reason}. The job cannot go on without its share of the "
-                            f"data (fleet has no elastic training), so every worker stops; restart the job "
-                            f"from its last checkpoint")
+                            f"data: the job is not elastic (fleetrun --np MIN:MAX makes an async, half-async or "
+                            f"GEO job go on without it), so every worker stops; restart the job from its last "
+                            f"checkpoint")
         for parked in (self._sync, self._barrier, self._exchange):
             for w, r in list(parked.items()):
                 if not r.answered:
@@ -526,7 +568,7 @@ class ParameterServer:
             now: the current time.monotonic() (default: now).
         """
         now = time.monotonic() if now is None else now
-        for worker in range(self.workers):
+        for worker in (range(self.workers) if self.elastic is None else sorted(self.live - self.stopped)):
             heard = last_heard.get(worker)
             if worker in self.stopped or worker in self.lost:
                 continue

@@ -101,6 +101,11 @@ def _args(*argv):
       "--server_num_per_host", "0", "--worker_num_per_host", "0"],
      "--server_num_per_host 0 and --worker_num_per_host 0: this host would run nothing; give "
      "it at least one server or worker"),
+    (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--worker_num", "2",
+      "--np", "1:2"],
+     "--np with --elastic_server: workers that come and go run in a job on one host today "
+     "(docs/elastic_workers.md), and a job formed through etcd has a fixed set of ranks "
+     "(docs/elastic_etcd.md); leave out one of them"),
     (["--elastic_server", "e", "--job_id", "j", "--server_num", "1", "--worker_num", "1"],
      "--elastic_server 'e' is not host:port"),
 ])

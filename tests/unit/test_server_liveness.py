@@ -80,8 +80,9 @@ def test_a_worker_silent_past_the_timeout_fails_the_parked_step_of_the_others_na
     ps.check_liveness({0: 100.0, 1: 97.0, 2: 100.0}, timeout_s=2.0, now=100.0)
     expected = ("worker 1 was lost: it stopped sending heartbeats 3.0 s ago (FLEET_HEARTBEAT_TIMEOUT_MS=2000) "
                 "without calling fleet.stop_worker(); it is probably dead (see its log, workerlog.1 under "
-                "fleetrun). The job cannot go on without its share of the data (fleet has no elastic "
-                "training), so every worker stops; restart the job from its last checkpoint")
+                "fleetrun). The job cannot go on without its share of the data: the job is not elastic "
+                "(fleetrun --np MIN:MAX makes an async, half-async or GEO job go on without it), so every worker "
+                "stops; restart the job from its last checkpoint")
     assert [r.answer for r in parked] == [("error", expected)] * 2
     assert ps.failure == expected and ps.status() == {"failed": expected}
     assert ps.lost == {1: "it stopped sending heartbeats 3.0 s ago (FLEET_HEARTBEAT_TIMEOUT_MS=2000) without "
@@ -194,8 +195,9 @@ def test_a_worker_reporting_its_error_fails_the_job_at_once_naming_it_and_its_er
     report = handle(ps, "fail", 1, meta={"reason": "DataError: worker 1 of 2: no examples"})
     assert report.answer == ("ok", [], [])
     failure = ("worker 1 was lost: it failed: DataError: worker 1 of 2: no examples. The job cannot go on "
-               "without its share of the data (fleet has no elastic training), so every worker stops; restart "
-               "the job from its last checkpoint")
+               "without its share of the data: the job is not elastic (fleetrun --np MIN:MAX makes an async, "
+               "half-async or GEO job go on without it), so every worker stops; restart the job from its last "
+               "checkpoint")
     assert parked.answer == ("error", failure)
     assert ps.status() == {"failed": failure}
     assert handle(ps, "fail", 0, meta={"reason": "RuntimeError: later"}).answer == ("ok", [], [])

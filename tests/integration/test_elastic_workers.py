@@ -1,0 +1,186 @@
+"""Elastic jobs (fleetrun --np MIN:MAX): the CTR-DNN example keeps training while workers
+join and are killed; the servers' work queue counts every example of every epoch.
+
+Each job runs examples/ctr_dnn/train.py unchanged on generated data with short heartbeats
+(200 ms, timeout 2 s) and small work units (128 KiB, about 500 lines), one server.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from fleet.transport import Client
+
+EXAMPLE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "ctr_dnn"))
+TRAIN_LINES, TEST_LINES = 40000, 10000
+UNIT_BYTES = 128 << 10
+THREADS = 2  # the example's default --threads: a worker holds at most 2 x threads units
+TRAIN_ARGS = ("--print_period", "0", "--batch_size", "100", "--lr", "3e-3")
+
+pytestmark = pytest.mark.slow
+
+
+def _env(clean_env):
+    return dict(clean_env, FLEET_HEARTBEAT_MS="200", FLEET_HEARTBEAT_TIMEOUT_MS="2000",
+                FLEET_ELASTIC_UNIT_BYTES=str(UNIT_BYTES))
+
+
+def _run(args, env=None, timeout=120):
+    proc = subprocess.run([sys.executable, *args], cwd=EXAMPLE, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("elastic") / "data"
+    _run(["generate_data.py", "--out_dir", str(out), "--train_lines", str(TRAIN_LINES), "--test_lines",
+          str(TEST_LINES), "--train_files", "4"])
+    return out
+
+
+def _test_auc(model_dir, data):
+    out = _run(["infer.py", "--model_dir", str(model_dir), "--data_dir", str(data)])
+    return json.loads(out.strip().splitlines()[-1])["auc"]
+
+
+def _queue_figures(server_log):
+    """{pass: status} from the work-queue lines the server logs when it ends."""
+    figures = {}
+    for line in server_log.splitlines():
+        if " work queue: {" in line:
+            status = json.loads(line.split(" work queue: ", 1)[1])
+            figures[status["pass"]] = status
+    return figures
+
+
+def _logged_examples(worker_log):
+    """[examples of epoch 0, epoch 1, ...] as the worker printed them."""
+    return [int(n) for n in re.findall(r"^epoch \d+: (\d+) examples", worker_log, re.M)]
+
+
+class ElasticJob:
+    """A CTR-DNN job under fleetrun --np, with a view of fleetrun's state file and of the
+    servers' work queue."""
+
+    def __init__(self, start_fleetrun, tmp_path, env, data, np_range, *args, strategy="async", epochs=1):
+        self.log = tmp_path / "log"
+        self.model = tmp_path / "model"
+        self.env = env
+        self.launcher = start_fleetrun("--np", np_range, "--server_num", 1, "--log_dir", self.log, "--timeout", 120,
+                                       *args, os.path.join(EXAMPLE, "train.py"), "--data_dir", data,
+                                       "--model_dir", self.model, "--strategy", strategy, "--epochs", epochs,
+                                       *TRAIN_ARGS, env=env)
+        self._client = None
+
+    def state(self):
+        try:
+            return json.loads((self.log / "fleetrun.elastic.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def queue(self):
+        """The work queue's {pass: status}, asked from server 0 (as tool id 999)."""
+        if self._client is None:
+            self._client = Client(self.state()["servers"][0], 999, timeout_ms=5000)
+        reply = self._client.request("units_status")
+        return {int(p): s for p, s in reply.meta["passes"].items()}
+
+    def worker_log(self, i):
+        path = self.log / f"workerlog.{i}"
+        return path.read_text() if path.exists() else ""
+
+    def close(self):
+        if self._client is not None:
+            self._client.close()
+
+
+def _elastic_async_run(start_fleetrun, fleetrun, procs, tmp_path, env, data, wait_for):
+    """--np 2:4: two workers, two more added during epoch 0, worker 2 killed once it holds
+    units of epoch 1. Returns (job, fleetrun's stderr, the pid killed)."""
+    job = ElasticJob(start_fleetrun, tmp_path, env, data, "2:4", epochs=2)
+    try:
+        wait_for(lambda: job.state() is not None and 0 in (job.queue() if job.state() else {}), 60,
+                 "worker 0 to open epoch 0's pass")
+        added = fleetrun("--add_workers", 2, "--log_dir", job.log, env=env)
+        assert added.returncode == 0, added.stderr
+        assert "the job's fleetrun started workers 2, 3" in added.stderr
+        assert set(job.state()["running"]) == {"0", "1", "2", "3"}
+
+        def worker_2_holds_epoch_1_units():
+            passes = job.queue()
+            return 1 in passes and passes[1]["held_by"].get("2", 0) >= 1 and "2" in passes[1]["workers"]
+
+        wait_for(worker_2_holds_epoch_1_units, 60, "worker 2 to train and hold units of epoch 1")
+        victim = job.state()["running"]["2"]
+        os.kill(victim, signal.SIGKILL)
+        out, err = procs.communicate(job.launcher, 120)
+        assert job.launcher.returncode == 0, err[-4000:]
+        return job, err, victim
+    finally:
+        job.close()
+
+
+def test_async_np_2_4_adds_two_workers_then_survives_a_kill_counting_every_example(
+        start_fleetrun, fleetrun, procs, tmp_path, clean_env, data, wait_for):
+    env = _env(clean_env)
+    job, err, victim = _elastic_async_run(start_fleetrun, fleetrun, procs, tmp_path / "elastic", env, data,
+                                          wait_for)
+    assert f"worker 2 (pid {victim}) was killed by SIGKILL: lost (elastic job --np 2:4)" in err
+    assert "done: 3 workers exited 0 and every server exited by itself; lost on the way (elastic job): worker 2" \
+        in err
+    figures = _queue_figures((job.log / "serverlog.0").read_text())
+    assert sorted(figures) == [0, 1]
+    for status in figures.values():  # none skipped: every unit acknowledged once, every line counted
+        assert status["done"] and status["acked"] == status["units"] and status["examples"] == TRAIN_LINES
+        assert status["stale_acks"] == 0
+    # Epoch 1: worker 2's units went back to the queue, at most 2 x threads of them (the bound)
+    returned = figures[1]["returned_units"]
+    assert figures[1]["returned_from"] == [2] and 1 <= returned <= 2 * THREADS, figures[1]
+    assert figures[0]["returned_units"] == 0
+    # Every survivor's logged examples per epoch are the examples the queue took as its acknowledgements
+    for worker in (0, 1, 3):
+        logged = _logged_examples(job.worker_log(worker))
+        acked = [figures[p]["workers"].get(str(worker), {"examples": 0})["examples"] for p in (0, 1)]
+        assert logged == acked, (worker, logged, acked)
+    assert sum(figures[1]["workers"][w]["examples"] for w in ("0", "1", "3")) + \
+        figures[1]["workers"]["2"]["examples"] == TRAIN_LINES
+    # The final test AUC is within 0.01 of a fixed two-worker run's on the same data and settings
+    fixed = tmp_path / "fixed"
+    _run(["-m", "fleet.launch", "--server_num", "1", "--worker_num", "2", "--log_dir", str(fixed / "log"),
+          "train.py", "--data_dir", str(data), "--model_dir", str(fixed), "--epochs", "2", *TRAIN_ARGS],
+         env=env)
+    elastic_auc, fixed_auc = _test_auc(job.model / "epoch_1", data), _test_auc(fixed / "epoch_1", data)
+    print(f"test AUC: elastic {elastic_auc:.4f}, fixed 2 workers {fixed_auc:.4f}; epoch 1 returned "
+          f"{returned} units ({figures[1]['returned_bytes']} bytes)")
+    assert abs(elastic_auc - fixed_auc) <= 0.01, (elastic_auc, fixed_auc)
+
+
+@pytest.mark.parametrize("strategy", ["half_async", "geo"])
+def test_a_worker_killed_in_an_elastic_job_leaves_its_units_to_the_others(
+        start_fleetrun, procs, tmp_path, clean_env, data, wait_for, strategy):
+    env = _env(clean_env)
+    job = ElasticJob(start_fleetrun, tmp_path, env, data, "2:3", "--worker_num", 3, strategy=strategy)
+    try:
+        def worker_1_holds_units():
+            passes = job.queue() if job.state() else {}
+            return 0 in passes and passes[0]["held_by"].get("1", 0) >= 1 and "1" in passes[0]["workers"]
+
+        wait_for(worker_1_holds_units, 60, "worker 1 to train and hold units")
+        victim = job.state()["running"]["1"]
+        os.kill(victim, signal.SIGKILL)
+        _, err = procs.communicate(job.launcher, 120)
+    finally:
+        job.close()
+    assert job.launcher.returncode == 0, err[-4000:]
+    assert f"worker 1 (pid {victim}) was killed by SIGKILL: lost (elastic job --np 2:3)" in err
+    status = _queue_figures((job.log / "serverlog.0").read_text())[0]
+    assert status["acked"] == status["units"] and status["examples"] == TRAIN_LINES, status
+    assert status["returned_from"] == [1] and 1 <= status["returned_units"] <= 2 * THREADS, status
+    for worker in (0, 2):
+        assert _logged_examples(job.worker_log(worker)) == [status["workers"][str(worker)]["examples"]]
