@@ -32,27 +32,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
-import threading
 import time
 
 from fleet.endpoints import join_endpoint, parse_endpoint
 from fleet.envvars import env_int
 from fleet.errors import RendezvousError
 from fleet.launch.etcd_client import EtcdClient
+from fleet.launch.etcd_membership import TTL_ENV, KeepAlive, MembershipMonitor
 from fleet.launch.report import SAY_LOGGER, plural, say
 from fleet.logs import WaitLog
 
 SERVER_ENV = "PADDLE_ELASTIC_SERVER"
 JOB_ID_ENV = "PADDLE_ELASTIC_JOB_ID"
 TIMEOUT_ENV = "PADDLE_ELASTIC_TIMEOUT"
-TTL_ENV = "PADDLE_ELASTIC_TTL"
 CALL_TIMEOUT_ENV = "FLEET_ETCD_TIMEOUT_MS"
 DEFAULT_TIMEOUT_S = 120      # Paddle's PADDLE_ELASTIC_TIMEOUT default
 DEFAULT_TTL_S = 10           # Paddle's is 60; 10 notices a lost host within the heartbeat bound
 DEFAULT_CALL_TIMEOUT_MS = 5000
 KEY_ROOT = "/fleet/jobs/"
 _POLL_S = 0.1
-_RETRY_WATCH_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +249,7 @@ class Rendezvous:
                     f"host {self.me.addr} is registered in {self.where} already "
                     f"({HostRecord.from_json(kv.value).describe()}): one fleetrun per host and "
                     "job; stop the other, or give this one --host with another address")
-            keepalive = _KeepAlive(self.client, self.lease, self.ttl, self.where)
+            keepalive = KeepAlive(self.client, self.lease, self.ttl, self.where)
             keepalive.start()
             try:
                 plan, revision = self._wait_formed(started)
@@ -352,126 +350,3 @@ class Rendezvous:
                 self.client.revoke_lease(self.lease)
         except RendezvousError:
             pass  # it expires within ttl by itself
-
-
-class _KeepAlive(threading.Thread):
-    """Renews a lease every ttl/3 s; says when etcd stops and starts answering."""
-
-    def __init__(self, client, lease, ttl, where):
-        super().__init__(name="etcd-keepalive", daemon=True)
-        self.client = client
-        self.lease = lease
-        self.period = max(ttl / 3.0, 0.2)
-        self.where = where
-        self.lock = threading.Lock()
-        self.down_since = None   # wall time etcd last stopped answering, None while it answers
-        self.down_error = None
-        self.expired = False
-        self._stop_event = threading.Event()
-
-    def run(self):
-        while not self._stop_event.wait(self.period):
-            try:
-                ttl = self.client.keepalive(self.lease)
-            except RendezvousError as e:
-                with self.lock:
-                    first = self.down_since is None
-                    if first:
-                        self.down_since, self.down_error = time.time(), str(e)
-                if first:
-                    say(f"{e}. Training goes on (nothing in training talks to etcd); a host "
-                        "lost or joining meanwhile ends the job")
-                continue
-            with self.lock:
-                was_down, self.down_since = self.down_since, None
-                self.expired = ttl <= 0
-            if was_down is not None:
-                say(f"etcd at {self.client.endpoint} answers again after {time.time() - was_down:.1f} s")
-
-    def stop(self):
-        self._stop_event.set()
-
-
-class MembershipMonitor:
-    """Watches a formed job's keys in etcd; says when its membership changed.
-
-    Started by ``Rendezvous.join``. Reads events on a thread of its own; a broken watch
-    (etcd gone) is re-opened every second from the last revision seen.
-    """
-
-    def __init__(self, rendezvous, plan, revision, keepalive):
-        self.rdv = rendezvous
-        self.plan = plan
-        self.keepalive = keepalive
-        self._members = {m.addr for m in plan.members}
-        self._done = {}
-        self._change = None
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._watch = None
-        self._revision = revision
-        self._thread = threading.Thread(target=self._run, name="etcd-watch", daemon=True)
-        self._thread.start()
-
-    def poll(self):
-        """The membership change seen so far, as a sentence, or None. Never blocks."""
-        with self._lock:
-            if self._change is None and self.keepalive.expired:
-                self._change = (f"this host's registration in {self.rdv.where} expired (its lease "
-                                f"was not renewed within {self.rdv.ttl} s, {TTL_ENV}), so the "
-                                "other hosts count it as lost")
-            return self._change
-
-    def etcd_down(self):
-        """(seconds since, the error) while etcd does not answer, else None."""
-        with self.keepalive.lock:
-            if self.keepalive.down_since is None:
-                return None
-            return time.time() - self.keepalive.down_since, self.keepalive.down_error
-
-    def stop(self):
-        """Stop watching and renewing. Blocks up to about a second."""
-        self._stopped.set()
-        self.keepalive.stop()
-        watch = self._watch
-        if watch is not None:
-            watch.close()
-        self._thread.join(timeout=1.0)
-
-    def _run(self):
-        client, prefix = self.rdv.client, self.rdv.prefix
-        while not self._stopped.is_set():
-            try:
-                self._watch = client.watch(prefix, prefix=True, start_revision=self._revision + 1)
-                if self._stopped.is_set():
-                    self._watch.close()
-                    return
-                for batch, revision in self._watch.events():
-                    for event in batch:
-                        self._on_event(event)
-                    self._revision = revision
-            except RendezvousError:
-                pass  # the keepalive thread says etcd is down; retry the watch
-            self._stopped.wait(_RETRY_WATCH_S)
-
-    def _on_event(self, event):
-        prefix = self.rdv.prefix
-        key = event.kv.key
-        if key.startswith(prefix + "done/") and event.kind == "PUT":
-            addr = key[len(prefix + "done/"):]
-            self._done[addr] = event.kv.value
-            if addr in self._members and event.kv.value != "0":
-                self._set(f"host {addr} ({self.plan.ranks_of(addr)}) left {self.rdv.where}: its "
-                          f"fleetrun exited {event.kv.value}")
-        elif key.startswith(prefix + "hosts/") and event.kind == "DELETE":
-            addr = key[len(prefix + "hosts/"):]
-            if addr in self._members and addr not in self._done:
-                self._set(f"host {addr} ({self.plan.ranks_of(addr)}) was lost from "
-                          f"{self.rdv.where}: its registration expired (no keepalive for "
-                          f"{self.rdv.ttl} s: the host is down, cut off, or its fleetrun was "
-                          "killed); fleet cannot re-form a running job without it")
-
-    def _set(self, change):
-        with self._lock:
-            if self._change is None:
-                self._change = change
