@@ -272,7 +272,7 @@ class Rendezvous:
         hosts, _ = self.client.range(self.prefix + "hosts/", prefix=True)
         alive = {HostRecord.from_json(kv.value).addr for kv in hosts}
         if not alive:
-            self.client.delete(self.prefix, prefix=True)
+            self._delete_job_records()
             return
         names = ", ".join(m.addr for m in plan.members)
         raise RendezvousError(
@@ -325,7 +325,7 @@ class Rendezvous:
 
     def leave(self, exit_code: int) -> None:
         """Tell the job this host is done (its exit code), drop its registration, and
-        delete the job's keys if it was the last host. Bounded by the calls' timeouts;
+        delete the job's plan and records if it was the last host. Bounded by the calls' timeouts;
         never raises (an unreachable etcd is reported: the lease then expires by itself)."""
         down = self.monitor.etcd_down() if self.monitor is not None else None
         if self.monitor is not None:
@@ -339,10 +339,17 @@ class Rendezvous:
             self.client.revoke_lease(self.lease)
             hosts, _ = self.client.range(self.prefix + "hosts/", prefix=True)
             if not hosts:
-                self.client.delete(self.prefix, prefix=True)
+                self._delete_job_records()
         except RendezvousError as e:
             say(f"could not tell etcd that this host is done ({e}); its registration expires "
                 f"within {self.ttl} s ({TTL_ENV}) by itself")
+
+    def _delete_job_records(self):
+        """Delete the plan and the done/ records of a job without hosts. Never the hosts/
+        keys: they go with their leases, and a host of a new job with the same id may be
+        registering right now."""
+        self.client.delete(self.prefix + "formed")
+        self.client.delete(self.prefix + "done/", prefix=True)
 
     def _revoke_quietly(self):
         try:

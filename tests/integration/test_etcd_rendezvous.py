@@ -244,3 +244,19 @@ def test_a_membership_change_stops_the_job_and_fleetrun_exits_1_naming_it(tmp_pa
     assert f"fleetrun: exit 1: membership change: {change}" in err
     assert any("stopped by fleetrun (SIGTERM) after a membership change of the job" in line
                for line in err), err
+
+
+def test_a_job_id_left_by_a_failed_run_is_cleared_by_the_next_run(etcd):
+    client = EtcdClient(etcd.endpoint, 2)
+    old = Rendezvous(client, "job-e", _host(7), 1, 1, 5, 5)
+    old.join()
+    old.monitor.stop()
+    client.revoke_lease(old.lease)  # its hosts are gone; its plan stays behind
+    assert [kv.key for kv in client.range("/fleet/jobs/job-e/", prefix=True)[0]] == [
+        "/fleet/jobs/job-e/formed"]
+    new = Rendezvous(client, "job-e", _host(8), 1, 1, 5, 5)
+    try:
+        assert new.join().ranks_of("10.9.9.8") == "server 0, worker 0"
+    finally:
+        new.leave(0)
+    assert client.range("/fleet/jobs/job-e/", prefix=True)[0] == []
