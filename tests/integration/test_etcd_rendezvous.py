@@ -260,3 +260,21 @@ def test_a_job_id_left_by_a_failed_run_is_cleared_by_the_next_run(etcd):
     finally:
         new.leave(0)
     assert client.range("/fleet/jobs/job-e/", prefix=True)[0] == []
+
+
+def test_a_second_fleetrun_on_the_same_address_is_refused(etcd):
+    client = EtcdClient(etcd.endpoint, 2)
+    first = Rendezvous(client, "job-f", _host(1), 2, 2, 5, 2)
+    waiter = threading.Thread(target=lambda: pytest.raises(RendezvousError, first.join))
+    waiter.start()
+    _until(lambda: first.lease, 10, "the first registers")
+    time.sleep(0.1)
+    try:
+        with pytest.raises(RendezvousError) as e:
+            Rendezvous(client, "job-f", _host(1), 2, 2, 5, 10).join()
+        assert str(e.value) == (
+            f"host 10.9.9.1 is registered in job 'job-f' at etcd {etcd.endpoint} already (10.9.9.1 "
+            "(node1: 1 server, 1 worker)): one fleetrun per host and job; stop the other, or give "
+            "this one --host with another address")
+    finally:
+        waiter.join(30)  # the first gives up after its 2 s wait
