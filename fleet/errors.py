@@ -82,3 +82,9 @@ class PeerLostError(FleetTimeoutError):
 
     def __reduce__(self):
         return (type(self), (self.rank, self.endpoint, self.args[0]))
+
+
+class RendezvousError(FleetError, ConnectionError):
+    """The etcd rendezvous of ``fleetrun --elastic_server`` failed: etcd did not answer or
+    refused a request, the job did not gather in time, or its membership changed. The
+    message names etcd's endpoint and the job."""

@@ -3,20 +3,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import textwrap
 
 from fleet.endpoints import parse_endpoint
+from fleet.envvars import env_int
 from fleet.elastic import parse_np
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (DEFAULT_FAILURE_GRACE, EXIT_PROCESS_FAILED, EXIT_USAGE,
                                  LaunchConfig, _check_unique)
+from fleet.launch import etcd_rendezvous as rdv_module
 from fleet.launch import hosts as hosts_module
 from fleet.launch.elastic import request_add_workers
 from fleet.launch.local import launch
-from fleet.launch.report import say
-from fleet.launch.this_host import place
+from fleet.launch.report import plural, say
+from fleet.launch.this_host import interface_addresses, place
 from fleet.transport.curve import CurveConfig, generate_keys
 
 _DESCRIPTION = """\
@@ -97,6 +100,9 @@ examples:
       --dispatch . train.py --epochs 3     # from any machine, over ssh
   fleetrun --hosts node1,node2,node3 --collective --worker_num_per_host 2 \
       --dispatch . train.py                # collective across hosts, over ssh
+  fleetrun --elastic_server 10.0.0.9:2379 --job_id ctr1 --server_num 2 --worker_num 3 \\
+      --server_num_per_host 1 --worker_num_per_host 1 --keys_dir keys train.py
+                                           # the same on each host: ranks from etcd
 """
 
 
@@ -271,6 +277,27 @@ def build_parser() -> argparse.ArgumentParser:
                      help="set a variable for every remote process (repeatable); FLEET_*, "
                           "FLAGS_*, PYTHON*, NUMBA_*, CPU_NUM and the BLAS thread counts of "
                           "this environment are passed on anyway")
+    etcd = p.add_argument_group(
+        "one job on several hosts through etcd (--elastic_server), no lists",
+        textwrap.fill(
+        "Run the same fleetrun on each host with --elastic_server and --job_id. Each host "
+        "registers itself under the job in etcd (a key with a lease of PADDLE_ELASTIC_TTL s, "
+        "default 10, kept alive), offering --server_num_per_host servers (default 1, 0 with "
+        "--collective) and --worker_num_per_host workers (default 1) on its address (--host, "
+        "POD_IP, --nic's, else the one on its route to etcd) at ports START_PORT.. (default "
+        "6170), and waits (at most PADDLE_ELASTIC_TIMEOUT s, default 120) until the hosts offer "
+        "the job's --server_num servers and --worker_num workers. Ranks follow the order the hosts "
+        "registered in; every host reads the same plan from etcd and starts its share as with "
+        "--servers/--workers lists. A host lost while the job runs ends the job, naming it; a "
+        "host arriving after the job formed is refused. Training never talks to etcd: if etcd "
+        "goes away, the job trains on, and a failure then names etcd's endpoint too. Each call "
+        "to etcd waits at most FLEET_ETCD_TIMEOUT_MS (default 5000). See docs/elastic_etcd.md.",
+        width=86))
+    etcd.add_argument("--elastic_server", metavar="HOST:PORT",
+                      help="etcd's client address (default: PADDLE_ELASTIC_SERVER)")
+    etcd.add_argument("--job_id", metavar="ID",
+                      help="the job's name in etcd; hosts with the same ID form one job "
+                           "(default: PADDLE_ELASTIC_JOB_ID)")
     p.add_argument("training_script", nargs="?", help="the Python script every process runs")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER,
                    help="arguments given to the script")
@@ -507,13 +534,131 @@ def _check_no_watch_options(args):
                           "with --metrics_port BASE to watch the job")
 
 
-def _check_no_hosts_options(args):
+def _check_no_hosts_options(args, elastic=False):
     given = [f"--{name}" for name in _HOSTS_ONLY if getattr(args, name)]
-    if args.server_num_per_host is not None or args.worker_num_per_host != 1:
+    if not elastic and (args.server_num_per_host is not None or args.worker_num_per_host != 1):
         given.append("--server_num_per_host/--worker_num_per_host")
     if given:
         raise ConfigError(f"{', '.join(given)} only work with --hosts (a job on several hosts "
-                          "over ssh); give --hosts H1,H2,... or leave them out")
+                          "over ssh){' or --elastic_server' if not elastic else ''}; give --hosts "
+                          "H1,H2,... or leave them out")
+
+
+def _elastic_server(args):
+    return args.elastic_server or os.environ.get(rdv_module.SERVER_ENV, "").strip() or None
+
+
+def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
+    """Turn parsed fleetrun --elastic_server arguments into this host's Rendezvous.
+
+    Raises:
+        ConfigError: an option contradicts the rendezvous, or a count is missing or bad.
+        RendezvousError: this host has no route to etcd (to find its own address).
+    """
+    server = _elastic_server(args)
+    job_id = args.job_id or os.environ.get(rdv_module.JOB_ID_ENV, "").strip()
+    if args.servers or args.workers:
+        raise ConfigError("--servers/--workers with --elastic_server: etcd hands out the "
+                          "endpoints; give the job's totals (--server_num N --worker_num M) and "
+                          "this host's share (--server_num_per_host, --worker_num_per_host)")
+    if args.np is not None or args.worker_replacements:
+        raise ConfigError(f"{'--np' if args.np is not None else '--worker_replacements'} with "
+                          "--elastic_server: workers that come and go run in a job on one host "
+                          "today (docs/elastic_workers.md), and a job formed through etcd has a "
+                          "fixed set of ranks (docs/elastic_etcd.md); leave out one of them")
+    if not job_id:
+        raise ConfigError(f"--elastic_server {server} needs --job_id ID (or {rdv_module.JOB_ID_ENV}): "
+                          "the name under which this job's hosts meet in etcd")
+    if "/" in job_id:
+        raise ConfigError(f"--job_id {job_id!r} contains '/'; give a name without it")
+    if not args.training_script:
+        raise ConfigError("no training script: give the path of the Python script to run "
+                          "(fleetrun [options] train.py [args])")
+    server_num = 0 if args.collective else args.server_num
+    if server_num is None or args.worker_num is None:
+        raise ConfigError("--elastic_server needs the job's totals, the same on every host: "
+                          "--server_num N --worker_num M (the job forms when its hosts offer "
+                          "that many)")
+    per_s = 0 if args.collective else (1 if args.server_num_per_host is None else args.server_num_per_host)
+    per_w = args.worker_num_per_host
+    for name, value, total in (("--server_num_per_host", per_s, server_num),
+                               ("--worker_num_per_host", per_w, args.worker_num)):
+        if not 0 <= value <= total:
+            raise ConfigError(f"{name} {value} must be in 0..{total} (the job's total)")
+    if per_s + per_w == 0:
+        raise ConfigError("--server_num_per_host 0 and --worker_num_per_host 0: this host would "
+                          "run nothing; give it at least one server or worker")
+    if server_num == 0 and not args.collective:
+        raise ConfigError("--server_num 0 with --elastic_server: local training needs no "
+                          "rendezvous; give --server_num 1 or more (or --collective)")
+    _keys_dir(args, (per_s, per_w) != (server_num, args.worker_num))
+    addr, source = _elastic_host(args, server)
+    servers, workers = rdv_module.host_endpoints(addr, per_s, per_w,
+                                                 6170 if args.start_port is None else args.start_port)
+    me = rdv_module.HostRecord(addr, servers, workers, socket.gethostname())
+    client = rdv_module.EtcdClient(server, rdv_module.call_timeout_s())
+    ttl = env_int(rdv_module.TTL_ENV, rdv_module.DEFAULT_TTL_S, low=1,
+                  meaning="the seconds of a host's lease in etcd")
+    wait_s = env_int(rdv_module.TIMEOUT_ENV, rdv_module.DEFAULT_TIMEOUT_S, low=1,
+                     meaning="the seconds to wait for the job's hosts")
+    return rdv_module.Rendezvous(client, job_id, me, server_num, args.worker_num, ttl, wait_s,
+                                 host_source=source)
+
+
+def _elastic_host(args, server):
+    """This host's address for the job, and where it came from."""
+    if args.host:
+        return args.host, "--host"
+    if os.environ.get("POD_IP", "").strip():
+        return os.environ["POD_IP"].strip(), "POD_IP"
+    nic = args.nic or os.environ.get("PADDLE_NIC", "").strip() or None
+    if nic:
+        addresses = sorted(interface_addresses(nic), key=lambda a: (":" in a, a))
+        return addresses[0], f"interface {nic}"
+    return rdv_module.address_towards(server), "its route to etcd"
+
+
+def launch_with_etcd(args: argparse.Namespace) -> int:
+    """fleetrun --elastic_server: rendezvous, then run this host's share of the job.
+
+    Blocks until the job is over. Returns launch's exit code.
+
+    Raises:
+        ConfigError: bad arguments; RendezvousError: the rendezvous failed.
+    """
+    rendezvous = rendezvous_from_args(args)
+    me = rendezvous.me
+    say(f"registering this host, {me.describe()} (address from {rendezvous.host_source}), in "
+        f"{rendezvous.where}; waiting for {plural(rendezvous.server_num, 'server')} and "
+        f"{plural(rendezvous.worker_num, 'worker')}")
+    try:
+        plan = rendezvous.join()
+    except KeyboardInterrupt:
+        say("interrupted while waiting for the job's hosts; this host's registration is removed")
+        return 128 + signal.SIGINT
+    say(f"{rendezvous.where} formed in {rendezvous.seconds:.2f} s: "
+        + "; ".join(f"{m.addr}: {plan.ranks_of(m.addr)}" for m in plan.members))
+    code, down = EXIT_PROCESS_FAILED, None
+    try:
+        placement = place(plan.servers, plan.workers, host=me.addr,
+                          host_source=rendezvous.host_source)
+        if placement.whole_job:
+            config = _make_config(args, plan.servers, plan.workers, keys_dir=_keys_dir(args, False))
+        else:
+            config = _make_config(args, plan.servers, plan.workers, local_servers=placement.servers,
+                                  local_workers=placement.workers, bind_any=placement.bind_any,
+                                  bind_any_workers=placement.bind_any_workers,
+                                  host=placement.name, keys_dir=_keys_dir(args, True))
+        code = launch(config, monitor=rendezvous.monitor)
+        down = rendezvous.monitor.etcd_down()
+    finally:
+        rendezvous.leave(code)
+    if code != 0 and down is not None:  # the last line: what to fix before a new start
+        say(f"exit {code}: the job failed while etcd at {rendezvous.client.endpoint} was "
+            f"unreachable (for {down[0]:.1f} s), so the change of membership could not go "
+            "through etcd; bring etcd back (or point --elastic_server at a running one) "
+            "before starting the job again")
+    return code
 
 
 def main(argv=None) -> None:
@@ -534,7 +679,13 @@ def main(argv=None) -> None:
             sys.exit(0 if not result["refused"] else EXIT_PROCESS_FAILED)
         if args.hosts is not None:
             _check_no_watch_options(args)
+            if args.elastic_server:
+                raise ConfigError("--hosts and --elastic_server are two ways to start a job on "
+                                  "several hosts; give one of them")
             code = hosts_module.run_hosts(hosts_config_from_args(args))
+        elif _elastic_server(args):
+            _check_no_hosts_options(args, elastic=True)
+            code = launch_with_etcd(args)
         else:
             _check_no_hosts_options(args)
             code = launch(config_from_args(args))

@@ -27,7 +27,7 @@ _PR_SET_PDEATHSIG = 1
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def launch(config: LaunchConfig) -> int:
+def launch(config: LaunchConfig, monitor=None) -> int:
     """Start every process of the job, watch them, stop them all, return the exit code.
 
     Blocks until the job is over. Installs handlers for SIGINT, SIGTERM and SIGHUP while
@@ -35,6 +35,9 @@ def launch(config: LaunchConfig) -> int:
 
     Args:
         config: the job.
+        monitor: None, or an object whose ``poll()`` (called every 50 ms, must not block)
+            returns None or a sentence saying why the job must end, e.g. the etcd
+            rendezvous's membership change: the job then stops and fleetrun exits 1 with it.
 
     Returns:
         EXIT_OK, EXIT_PROCESS_FAILED, EXIT_TIMEOUT, or 128 + the signal fleetrun received.
@@ -47,10 +50,12 @@ def launch(config: LaunchConfig) -> int:
     _check_ready(config)
     with SignalCatcher() as signals:
         if config.max_restarts:
+            # Each attempt is a new _Job with the same monitor: under --elastic_server the
+            # formed plan (ranks, endpoints) is re-used; a membership change ends the job.
             from fleet.launch.restart import run_with_restarts
-            return run_with_restarts(config, lambda attempt, started: _Job(config, signals, attempt, started),
-                                     signals)
-        return _Job(config, signals).run()
+            return run_with_restarts(config, lambda attempt, started: _Job(config, signals, monitor, attempt,
+                                                                           started), signals)
+        return _Job(config, signals, monitor).run()
 
 
 def _check_ready(config):
@@ -310,9 +315,10 @@ class _LogStreamer(threading.Thread):
 class _Job:
     """Starts, watches and stops the processes of one LaunchConfig. Main-thread only."""
 
-    def __init__(self, config, signals, attempt=0, started=None):
+    def __init__(self, config, signals, monitor=None, attempt=0, started=None):
         self.config = config
         self.signals = signals
+        self.monitor = monitor
         self.attempt = attempt           # 0, then 1.. for each restart (--max_restarts)
         self.started = started           # time.monotonic() the job (its first attempt) started
         self.children = []
@@ -462,6 +468,9 @@ class _Job:
                 return self._on_signal(self.signals.received)
             if self.signals.stdin_closed:
                 return self._on_stdin_eof()
+            change = self.monitor.poll() if self.monitor is not None else None
+            if change:
+                return self._on_membership_change(change)
             if self.elastic is not None:
                 self.elastic.tick()
             if any(ch.failed() for ch in self.children):
@@ -589,6 +598,12 @@ class _Job:
             "job, or its ssh connection, is gone)")
         self._stop_with_notice("every process still running", "fleetrun's standard input closed")
         return 128 + signal.SIGHUP
+
+    def _on_membership_change(self, change):
+        say(f"membership change: {change}")
+        self._stop_with_notice("every process still running", "a membership change of the job")
+        say(f"exit {EXIT_PROCESS_FAILED}: membership change: {change}")
+        return EXIT_PROCESS_FAILED
 
     def _on_signal(self, signum):
         say(f"received {signal.Signals(signum).name}")
