@@ -1,4 +1,4 @@
-"""Elastic parameter-server jobs: workers that come and go (docs/elastic_workers.md).
+"""Elastic parameter-server jobs: workers that come and go (docs/elastic.md).
 
 An elastic job is one whose processes see ``FLEET_ELASTIC=MIN:MAX`` (``fleetrun --np
 MIN:MAX`` sets it; set it yourself for jobs started another way). Then:

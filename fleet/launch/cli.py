@@ -90,15 +90,17 @@ examples:
   fleetrun --server_num 0 train.py        # local training: one process, no servers
   fleetrun --server_num 2 --worker_num 2 --max_restarts 2 train.py --checkpoint_dir ckpt
                                           # restart from the newest checkpoint on a failure
+  fleetrun --np 2:4 --server_num 1 train.py --strategy async
+                                          # elastic: 2 workers, up to 4 (--add_workers N)
   fleetrun --server_num 1 --worker_num 2 --metrics_port 9100 --live_summary 10 train.py
   fleetrun --collective --worker_num 4 train.py   # collective: 4 workers, no servers
   fleetrun --collective --workers 10.0.0.1:6170,10.0.0.2:6170 --keys_dir keys train.py
   fleetrun --make_keys keys               # once; copy keys/ to every host
-  fleetrun --servers 10.0.0.1:6170,10.0.0.2:6170 --workers 10.0.0.1:6171,10.0.0.2:6171 \
+  fleetrun --servers 10.0.0.1:6170,10.0.0.2:6170 --workers 10.0.0.1:6171,10.0.0.2:6171 \\
       --keys_dir keys train.py             # the same command on 10.0.0.1 and on 10.0.0.2
-  fleetrun --hosts node1,node2,node3 --server_num_per_host 1 --worker_num_per_host 2 \
+  fleetrun --hosts node1,node2,node3 --server_num_per_host 1 --worker_num_per_host 2 \\
       --dispatch . train.py --epochs 3     # from any machine, over ssh
-  fleetrun --hosts node1,node2,node3 --collective --worker_num_per_host 2 \
+  fleetrun --hosts node1,node2,node3 --collective --worker_num_per_host 2 \\
       --dispatch . train.py                # collective across hosts, over ssh
   fleetrun --elastic_server 10.0.0.9:2379 --job_id ctr1 --server_num 2 --worker_num 3 \\
       --server_num_per_host 1 --worker_num_per_host 1 --keys_dir keys train.py
@@ -161,7 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_restarts restarts its own processes when they fail, which they do on every "
         "host once any process of the job is lost (heartbeats), FLEET_HEARTBEAT_TIMEOUT_MS + "
         "--failure_grace + 2 s after its failure, when no old process is left on any host. "
-        "docs/elastic_restart.md says what survives what.", width=86))
+        "With --np MIN:MAX a lost worker is the elastic job's (not a restart) and a lost server or "
+        "fewer than MIN workers restarts the job; an elastic pass then trains its epoch again from "
+        "its start (its work units come from server 0's queue). With --elastic_server a restart "
+        "re-uses the plan formed in etcd (same ranks and endpoints); a lost host ends the job. "
+        "docs/elastic.md says what survives what.", width=86))
     heal.add_argument("--max_restarts", "--max_restart", type=int, default=0, metavar="K",
                       help="restart the whole job up to K times after a failure (default: 0, the "
                            "first failure ends the job)")
@@ -179,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "every worker the whole list; train_from_dataset takes work units from server 0). The job fails, naming "
         "the lost workers, once fewer than MIN run before the data is done. Add workers to a running job with "
         "`fleetrun --add_workers N --log_dir DIR` or `kill -USR1 <fleetrun pid>` (one). Sync, collective and "
-        "hybrid jobs cannot be elastic. See docs/elastic_workers.md.", width=86))
+        "hybrid jobs cannot be elastic. See docs/elastic.md.", width=86))
     elastic.add_argument("--np", metavar="MIN:MAX",
                          help="make the job elastic: keep it running while at least MIN workers are alive, "
                               "admit up to MAX")
@@ -291,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--servers/--workers lists. A host lost while the job runs ends the job, naming it; a "
         "host arriving after the job formed is refused. Training never talks to etcd: if etcd "
         "goes away, the job trains on, and a failure then names etcd's endpoint too. Each call "
-        "to etcd waits at most FLEET_ETCD_TIMEOUT_MS (default 5000). See docs/elastic_etcd.md.",
+        "to etcd waits at most FLEET_ETCD_TIMEOUT_MS (default 5000). See docs/elastic.md.",
         width=86))
     etcd.add_argument("--elastic_server", metavar="HOST:PORT",
                       help="etcd's client address (default: PADDLE_ELASTIC_SERVER)")
@@ -388,7 +394,7 @@ def _elastic_config(args, servers, workers, server_num):
     placement = place(servers, workers, host=args.host, host_source="--host", nic=args.nic)
     if not placement.whole_job:
         raise ConfigError(f"--np {args.np} runs every worker slot on this host, but the endpoints name other "
-                          f"hosts: run an elastic job on one host (docs/elastic_workers.md)")
+                          f"hosts: run an elastic job on one host (docs/elastic.md)")
     return _make_config(args, servers, workers, keys_dir=_keys_dir(args, False), elastic=(low, high),
                         initial_workers=initial, worker_replacements=args.worker_replacements)
 
@@ -564,8 +570,8 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
     if args.np is not None or args.worker_replacements:
         raise ConfigError(f"{'--np' if args.np is not None else '--worker_replacements'} with "
                           "--elastic_server: workers that come and go run in a job on one host "
-                          "today (docs/elastic_workers.md), and a job formed through etcd has a "
-                          "fixed set of ranks (docs/elastic_etcd.md); leave out one of them")
+                          "today (docs/elastic.md), and a job formed through etcd has a "
+                          "fixed set of ranks (docs/elastic.md); leave out one of them")
     if not job_id:
         raise ConfigError(f"--elastic_server {server} needs --job_id ID (or {rdv_module.JOB_ID_ENV}): "
                           "the name under which this job's hosts meet in etcd")

@@ -278,7 +278,7 @@ class Rendezvous:
         raise RendezvousError(
             f"{self.where} is running already with hosts {names} ({plural(len(plan.servers), 'server')}, "
             f"{plural(len(plan.workers), 'worker')}), and this host ({self.me.describe()}) "
-            "cannot join a running job (fleet has no elastic joins yet: docs/elastic_etcd.md); "
+            "cannot join a running job (fleet has no elastic joins yet: docs/elastic.md); "
             "give a new job another --job_id, or wait until this one ends")
 
     def _wait_formed(self, started):

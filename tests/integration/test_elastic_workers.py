@@ -21,7 +21,7 @@ TRAIN_LINES, TEST_LINES = 40000, 10000
 UNIT_BYTES = 128 << 10
 THREADS = 1  # training threads per worker: a worker holds at most 2 x threads units
 # One thread per worker: async staleness grows with the updaters in flight, and with 2 threads a
-# 4-worker job ends about 0.01 below a 2-worker one (measured: docs/elastic_workers.md).
+# 4-worker job ends about 0.01 below a 2-worker one (measured: docs/elastic.md).
 TRAIN_ARGS = ("--print_period", "0", "--batch_size", "100", "--lr", "2e-3", "--threads", str(THREADS))
 
 pytestmark = pytest.mark.slow
@@ -123,7 +123,7 @@ def _elastic_async_run(start_fleetrun, fleetrun, procs, tmp_path, env, data, wai
         victim = job.state()["running"]["2"]
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
-        try:  # a figure for docs/elastic_workers.md, not a check: the job may end first
+        try:  # a figure for docs/elastic.md, not a check: the job may end first
             wait_for(lambda: job.queue()[1]["returned_units"] >= 1, 30, "worker 2's units back in the queue")
             print(f"kill -9 of worker 2 to its units back in the queue: {time.monotonic() - killed:.1f} s "
                   f"(FLEET_HEARTBEAT_TIMEOUT_MS=2000)")
@@ -243,3 +243,44 @@ def test_a_replacement_takes_over_the_lost_slot_and_trains_with_the_others(start
     log = job.worker_log(1)
     assert "---- fleetrun: a new process for worker 1 ----" in log
     assert "joined the elastic job" in log.split("---- fleetrun: a new process for worker 1 ----")[1]
+
+
+def _server_pid(log_dir):
+    """The pid of the server fleetrun --max_restarts started with log_dir (its
+    FLEET_RESTART_STATE_DIR names it), or None."""
+    state = f"FLEET_RESTART_STATE_DIR={os.path.abspath(log_dir)}/.restart".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if state in env and b"TRAINING_ROLE=PSERVER" in env:
+            return int(pid)
+    return None
+
+
+def test_a_killed_server_under_np_and_max_restarts_restarts_the_job_from_its_checkpoint(
+        start_fleetrun, procs, tmp_path, clean_env, data, wait_for):
+    """--np with --max_restarts: a lost worker is the elastic policy's, a lost server restarts the
+    whole job from the newest checkpoint; the elastic pass then trains its epoch from the start
+    (server 0's work queue starts afresh), saying it skips nothing."""
+    env = _env(clean_env)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "log"
+    launcher = start_fleetrun("--np", "2:2", "--server_num", 1, "--log_dir", log, "--timeout", 120,
+                              "--max_restarts", 1, "--failure_grace", 0, os.path.join(EXAMPLE, "train.py"),
+                              "--data_dir", data, "--model_dir", tmp_path / "model", "--strategy", "async",
+                              "--epochs", 1, *TRAIN_ARGS, "--checkpoint_dir", ckpt, "--checkpoint_steps", 10, env=env)
+    wait_for(lambda: (ckpt / "ckpt-20").is_dir() or launcher.poll() is not None, 60, "a second checkpoint")
+    victim = _server_pid(log)
+    assert victim is not None and launcher.poll() is None
+    os.kill(victim, signal.SIGKILL)
+    _, err = procs.communicate(launcher, 120)
+    assert launcher.returncode == 0, err[-4000:]
+    assert re.search(rf"fleetrun: restart 1 of 1 \(--max_restarts 1\): server 0 \(pid {victim}\) on host \S+ was "
+                     rf"killed by SIGKILL[^\n]*resuming from the newest checkpoint: \S+/ckpt/ckpt-\d+\n", err), err[-3000:]
+    resumed = (log / "workerlog.0").read_text()
+    assert re.search(r"elastic pass: the \d+ batches trained in this epoch before the checkpoint are not skipped",
+                     resumed), resumed[-2000:]
+    status = _queue_figures((log / "serverlog.0").read_text())[0]
+    assert status["acked"] == status["units"] and status["examples"] == TRAIN_LINES, status

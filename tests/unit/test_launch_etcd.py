@@ -104,8 +104,8 @@ def _args(*argv):
     (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--worker_num", "2",
       "--np", "1:2"],
      "--np with --elastic_server: workers that come and go run in a job on one host today "
-     "(docs/elastic_workers.md), and a job formed through etcd has a fixed set of ranks "
-     "(docs/elastic_etcd.md); leave out one of them"),
+     "(docs/elastic.md), and a job formed through etcd has a fixed set of ranks "
+     "(docs/elastic.md); leave out one of them"),
     (["--elastic_server", "e", "--job_id", "j", "--server_num", "1", "--worker_num", "1"],
      "--elastic_server 'e' is not host:port"),
 ])

@@ -80,3 +80,40 @@ def test_the_resume_point_names_the_newest_valid_checkpoint_or_a_damaged_directo
     assert resume_point([str(tmp_path / "c")]).startswith(
         f"resuming from the newest checkpoint: {tmp_path}/c: no valid checkpoint ({tmp_path}/c' holds checkpoints"
         .replace(f"({tmp_path}", f"('{tmp_path}"))
+
+
+def test_np_with_max_restarts_is_an_elastic_job_that_restarts(tmp_path):
+    """--np with --max_restarts: the elastic policy keeps lost workers' failures; the restart
+    variables and FLEET_ELASTIC both reach every process."""
+    from fleet.launch.config import process_environment
+    args = build_parser().parse_args(["--np", "2:3", "--server_num", "1", "--max_restarts", "2",
+                                      "--log_dir", str(tmp_path), "train.py"])
+    config = config_from_args(args)
+    assert (config.elastic, config.max_restarts, len(config.worker_endpoints)) == ((2, 3), 2, 3)
+    env = {**process_environment(config, "worker", 2), **restart_environment(config, 1)}
+    assert (env["FLEET_ELASTIC"], env["PADDLE_TRAINERS_NUM"], env["FLEET_RESTART_COUNT"]) == ("2:3", "3", "1")
+
+
+def test_every_attempt_of_an_etcd_job_gets_the_rendezvous_monitor(tmp_path, monkeypatch):
+    """--elastic_server with --max_restarts: each attempt watches the same formed plan."""
+    from fleet.launch import local, restart
+    seen = {}
+
+    def fake_run_with_restarts(config, make_job, signals):
+        seen["jobs"] = [make_job(attempt, 0.0) for attempt in (0, 1)]
+        return 0
+
+    monkeypatch.setattr(local, "_check_ready", lambda config: None)
+    monkeypatch.setattr(restart, "run_with_restarts", fake_run_with_restarts)
+    monitor = object()
+    config = LaunchConfig("train.py", **ENDPOINTS, max_restarts=1, log_dir=str(tmp_path))
+    assert local.launch(config, monitor=monitor) == 0
+    assert [(job.monitor, job.attempt) for job in seen["jobs"]] == [(monitor, 0), (monitor, 1)]
+
+
+def test_the_help_examples_keep_their_line_continuations():
+    text = build_parser().format_help()
+    for start in ("--workers 10.0.0.1:6171,10.0.0.2:6171 \\\n", "--worker_num_per_host 2 \\\n",
+                  "--server_num 2 --worker_num 3 \\\n"):
+        assert start in text
+    assert "--np 2:4 --server_num 1 train.py --strategy async" in text
