@@ -58,6 +58,7 @@ import threading
 import time
 import zlib
 
+from fleet.elastic import JOINING_ENV
 from fleet.errors import ConfigError, DataError
 from fleet.framework import io as fio
 
@@ -388,11 +389,13 @@ def load_checkpoint(executor, config):
     also loads every parameter and its optimizer state).
 
     Returns:
-        The checkpoint's path, or None for a fresh start.
+        The checkpoint's path, or None for a fresh start (also for a worker fleetrun
+        admitted into a running elastic job, FLEET_ELASTIC_JOINING=1, whose servers
+        started fresh: it trains on their current parameters).
 
     Raises:
         ConfigError: the servers loaded no checkpoint although ``checkpoint_dir`` has
-            one, or they loaded different ones.
+            one (and this is no joining elastic worker), or they loaded different ones.
     """
     fleet = _fleet()
     runtime = fleet._runtime
@@ -407,6 +410,12 @@ def load_checkpoint(executor, config):
     path = info.get("dirname")
     if path is None:
         latest = latest_checkpoint(config.checkpoint_dir)
+        if latest is not None and os.environ.get(JOINING_ENV) == "1":
+            # A worker admitted into a running elastic job: the checkpoints are this run's own
+            # (written since the servers started fresh); it trains on their current parameters.
+            log.info("fleet: joining a running elastic job (%s=1): starting from the servers' current "
+                     "parameters, not from %s", JOINING_ENV, latest)
+            return None
         if latest is not None:
             raise ConfigError(
                 f"the servers started fresh but {latest} exists; start them with "

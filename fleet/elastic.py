@@ -26,6 +26,10 @@ from fleet.errors import ConfigError
 
 ELASTIC_ENV = "FLEET_ELASTIC"
 UNIT_BYTES_ENV = "FLEET_ELASTIC_UNIT_BYTES"
+# Set to 1 by fleetrun for a worker it admits into a running elastic job (a replacement or an
+# added worker): fleet.load_checkpoint then lets it start from the servers' current
+# parameters although the job's own checkpoints exist since the servers started fresh.
+JOINING_ENV = "FLEET_ELASTIC_JOINING"
 DEFAULT_UNIT_BYTES = 4 << 20
 ELASTIC_MODES = ("async", "half_async", "geo")
 

@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 
+from fleet.elastic import JOINING_ENV
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.report import plural, say
 
@@ -222,7 +223,7 @@ def admit_worker(job, worker_id=None, why="added"):
         if ch.role == "worker" and ch.index == worker_id and ch.returncode in (None, 0):
             raise ConfigError(f"worker slot {worker_id} {'runs' if ch.returncode is None else 'finished'} already")
     again = any(ch.role == "worker" and ch.index == worker_id for ch in job.children)
-    child = job.start_process("worker", worker_id, append=again)
+    child = job.start_process("worker", worker_id, append=again, extra_env={JOINING_ENV: "1"})
     if job.elastic is not None:
         job.elastic.write_state()
     say(f"started {child.label} ({why}), endpoint {child.endpoint}; {plural(len(_running(job)), 'worker')} running")

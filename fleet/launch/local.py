@@ -425,9 +425,11 @@ class _Job:
                  + (f" of {len(c.worker_endpoints)} slots (--np {c.elastic[0]}:{c.elastic[1]})" if c.elastic else "")
                  + f"; logs in {c.log_dir}/")
 
-    def start_process(self, role, index, append=False, command=None, preexec=None):
+    def start_process(self, role, index, append=False, command=None, preexec=None, extra_env=None):
         """Starts one process of the job (its log LOG_DIR/<role>log.<index>, appended to
         with ``append``: a replacement in an elastic job) and returns its _Child.
+        ``extra_env`` is added to its environment (e.g. FLEET_ELASTIC_JOINING for a
+        worker admitted into a running elastic job).
 
         Raises:
             FleetError: it could not be started.
@@ -438,6 +440,7 @@ class _Job:
         env = process_environment(c, role, index)
         if c.max_restarts:
             env.update(restart_environment(c, self.attempt))
+        env.update(extra_env or {})
         with open(log_path, "ab" if append else "wb") as log:
             if append:
                 log.write(f"---- fleetrun: a new process for {role} {index} ----\n".encode())

@@ -71,14 +71,15 @@ class ElasticJob:
     """A CTR-DNN job under fleetrun --np, with a view of fleetrun's state file and of the
     servers' work queue."""
 
-    def __init__(self, start_fleetrun, tmp_path, env, data, np_range, *args, strategy="async", epochs=1):
+    def __init__(self, start_fleetrun, tmp_path, env, data, np_range, *args, strategy="async", epochs=1,
+                 script_args=()):
         self.log = tmp_path / "log"
         self.model = tmp_path / "model"
         self.env = env
         self.launcher = start_fleetrun("--np", np_range, "--server_num", 1, "--log_dir", self.log, "--timeout", 120,
                                        *args, os.path.join(EXAMPLE, "train.py"), "--data_dir", data,
                                        "--model_dir", self.model, "--strategy", strategy, "--epochs", epochs,
-                                       *TRAIN_ARGS, env=env)
+                                       *TRAIN_ARGS, *script_args, env=env)
         self._client = None
 
     def state(self):
@@ -283,4 +284,28 @@ def test_a_killed_server_under_np_and_max_restarts_restarts_the_job_from_its_che
     assert re.search(r"elastic pass: the \d+ batches trained in this epoch before the checkpoint are not skipped",
                      resumed), resumed[-2000:]
     status = _queue_figures((log / "serverlog.0").read_text())[0]
+    assert status["acked"] == status["units"] and status["examples"] == TRAIN_LINES, status
+
+
+def test_a_replacement_joins_a_checkpointing_elastic_job_on_the_servers_parameters(
+        start_fleetrun, procs, tmp_path, clean_env, data, wait_for):
+    """A worker admitted into a running job (FLEET_ELASTIC_JOINING) is not refused by
+    load_checkpoint for the checkpoints the job wrote since its servers started fresh."""
+    ckpt = tmp_path / "ckpt"
+    job = ElasticJob(start_fleetrun, tmp_path, _env(clean_env), data, "2:2", "--worker_replacements", 1,
+                     script_args=("--checkpoint_dir", ckpt, "--checkpoint_steps", 10))
+    try:
+        wait_for(lambda: (ckpt / "ckpt-20").is_dir() or job.launcher.poll() is not None, 60, "a second checkpoint")
+        assert job.launcher.poll() is None and job.state() is not None
+        victim = job.state()["running"]["1"]
+        os.kill(victim, signal.SIGKILL)
+        _, err = procs.communicate(job.launcher, 90)
+    finally:
+        job.close()
+    assert job.launcher.returncode == 0, err[-3000:]
+    assert re.search(r"started worker 1 \(pid \d+\) \(replacing lost worker 1\)", err), err[-3000:]
+    replacement = job.worker_log(1).split("---- fleetrun: a new process for worker 1 ----")[1]
+    assert ("joining a running elastic job (FLEET_ELASTIC_JOINING=1): starting from the servers' current "
+            "parameters") in replacement, replacement[-2000:]
+    status = _queue_figures((job.log / "serverlog.0").read_text())[0]
     assert status["acked"] == status["units"] and status["examples"] == TRAIN_LINES, status
