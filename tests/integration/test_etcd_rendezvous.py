@@ -278,3 +278,35 @@ def test_a_second_fleetrun_on_the_same_address_is_refused(etcd):
             "this one --host with another address")
     finally:
         waiter.join(30)  # the first gives up after its 2 s wait
+
+
+RESTART_SCRIPT = """\
+import os, sys, time
+import fleet
+fleet.CheckpointConfig(sys.argv[1], step_interval=10)
+attempt = int(os.environ["FLEET_RESTART_COUNT"])
+print("attempt", attempt, os.environ.get("TRAINING_ROLE"), os.environ.get("PADDLE_TRAINER_ID"),
+      os.environ["PADDLE_PSERVERS_IP_PORT_LIST"], flush=True)
+if os.environ.get("PADDLE_TRAINER_ID") == "1" and attempt == 0:
+    time.sleep(0.3)
+    raise RuntimeError("lost the data at attempt 0")
+time.sleep(1 if attempt else 30)
+"""
+
+
+def test_a_restart_under_etcd_reuses_the_formed_plan(etcd, fleetrun, tmp_path):
+    """--max_restarts with --elastic_server: the job forms once in etcd; the restarted
+    processes get the same ranks and endpoints, and the last host leaves nothing in etcd."""
+    (tmp_path / "job.py").write_text(RESTART_SCRIPT)
+    r = fleetrun("--elastic_server", etcd.endpoint, "--job_id", "j-restart", "--server_num", 1, "--worker_num", 2,
+                 "--server_num_per_host", 1, "--worker_num_per_host", 2, "--host", "127.0.0.1",
+                 "--max_restarts", 1, "--failure_grace", 0, "--log_dir", "log", "job.py", tmp_path / "ckpt",
+                 timeout=90)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("job 'j-restart' at etcd") == 2  # registering, formed: once each
+    assert "fleetrun: restart 1 of 1 (--max_restarts 1): worker 1 (pid " in r.stderr
+    first = (tmp_path / "log" / "attempt-0" / "workerlog.0").read_text().split()
+    again = (tmp_path / "log" / "workerlog.0").read_text().split()
+    assert first[:5] == ["attempt", "0", "TRAINER", "0", first[4]] and again[:5] == ["attempt", "1", "TRAINER", "0",
+                                                                                   first[4]]
+    assert EtcdClient(etcd.endpoint, 2).range("/fleet/jobs/j-restart/", prefix=True)[0] == []
