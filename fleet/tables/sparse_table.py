@@ -102,6 +102,8 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
         self._deleted = None       # DeletedIds: ids deleted since then
         self._all_changed = True   # no committed save yet, or a shrink since: a delta holds every row
         self._row_template, self._scalar_state = split_state(rule, self.dim, name)
+        # non-lazy Adam decays every row's moments at every push (see fleet.rules.AdamRule)
+        self._rule_writes_every_row = getattr(rule, "lazy_mode", None) is False
         self._changes = ChangeTracker(track_workers, capacity) if track_workers else None
         self._make_storage(HashIndex(capacity), capacity)
 
@@ -178,7 +180,7 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
         grads = self._rows_arg(grads, len(ids), "grads")
         with self._lock:
             rows, grads = self._rows_to_write(ids, grads)
-            self._before_write(rows)
+            self._before_write(rows, every_row=self._rule_writes_every_row)
             size = self._index.size
             state = self._state_view(size)
             self.rule.apply_sparse(self._values[:size], rows, grads, state, float(lr))
@@ -341,10 +343,13 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
             return rows, rows_arg
         return rows[found], rows_arg[found]
 
-    def _before_write(self, rows):
-        """Lets an open snapshot keep the old content of ``rows`` before they change."""
+    def _before_write(self, rows, every_row=False):
+        """Lets an open snapshot keep the old content of ``rows`` (or of every row) before they change."""
         if self._snapshot is not None:
-            self._snapshot._preserve(rows)
+            if every_row:
+                self._snapshot._preserve_all()
+            else:
+                self._snapshot._preserve(rows)
 
     def _mark(self, rows):
         """Marks ``rows`` changed for GEO workers and for the next delta save."""
