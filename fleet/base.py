@@ -504,9 +504,9 @@ class Fleet:
 
     def _save_local(self, dirname, program, meta, filename, mode, commit):
         """The local save: the program's persistables from the global scope, and the local
-        sparse tables (``fleet.local_tables.local_tables()``) read through snapshots."""
+        sparse tables (``fleet.local_tables``) read through snapshots."""
         scope = global_scope()
-        tables = local_tables.local_tables()
+        tables = table_saves.program_tables(program)
         from_tables = table_saves.table_var_names(tables)
         parent, parent_dir = self._previous_local_save() if mode == DELTA else (None, None)
         meta["chain"] = new_link(mode, meta["save_id"], dirname, parent, parent_dir)
@@ -544,7 +544,7 @@ class Fleet:
         Locally: every persistable variable of the program (an ``is_sparse`` or
         ``is_distributed`` table saved by a distributed job, as ``<table>@ids`` /
         ``@values``, is scattered into the local table, whose size must hold every id);
-        the local sparse tables (``fleet.local_tables.local_tables()``) take their rows,
+        the local sparse tables (``fleet.local_tables``) take their rows,
         optimizer state and statistics. ``dirname`` may be any save of a chain
         (``save_persistables`` modes): the tables load its base, then every delta up to
         it, in order; other variables come from ``dirname`` itself (every save holds
@@ -567,7 +567,7 @@ class Fleet:
         global_scope().loaded_from = os.path.abspath(dirname)
         if self._runtime is not None and hasattr(self._runtime, "load_persistables"):
             return self._runtime.load_persistables(dirname, program)
-        tables = local_tables.local_tables()
+        tables = table_saves.program_tables(program)
         chain = resolve_chain(dirname)
         from_tables = table_saves.table_var_names(tables)
         names = [n for n in self._persistable_names(program) if n not in from_tables]

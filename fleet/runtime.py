@@ -515,9 +515,19 @@ def _table_row_bytes(pplan):
     return _row_bytes(1 + len(rule.row_state_names), (pplan.width,), extra=8 + 16)
 
 
-_NO_STATISTICS = ("save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but no "
-                  "distributed table keeps them (tables: {tables}): give a table an entry (fleet.CountFilterEntry, "
-                  "...) or strategy.set_sparse_table_config(...), or save with mode=0")
+def _check_base_tables(tables):
+    """Mode 2 (base) selects rows by their statistics: every table must keep them.
+
+    Raises:
+        ConfigError: a table (or no table at all) without statistics (names them and the fix).
+    """
+    lacking = [p.name for p in tables if not p.has_statistics]
+    if lacking or not tables:
+        raise ConfigError(
+            f"save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but "
+            f"{'distributed tables ' + str(lacking) + ' keep' if lacking else 'this job has no distributed table keeping'}"
+            f" none: give each table an entry (fleet.CountFilterEntry, ...) or an accessor config "
+            f"(strategy.set_sparse_table_config(table_name)), or save with mode=0")
 
 
 @contextlib.contextmanager
@@ -529,24 +539,24 @@ def table_snapshots(comm, save_id, mode, tables, commit):
     next delta still holds every change).
 
     Yields:
-        {"save": save_id, "stats": {table: kept by some server}} (None without tables).
+        {"save": save_id, "mode": mode, "stats": {table: keeps statistics}} (None
+        without tables).
+
+    Raises:
+        ConfigError: mode 2 and a table without statistics.
 
     Blocks for a round trip to every server at each end.
     """
     tables = list(tables)
+    if mode == BASE:
+        _check_base_tables(tables)
     if not tables:
-        if mode == BASE:
-            raise ConfigError(_NO_STATISTICS.format(tables="none"))
         yield None
         return
     rows = {p.name: comm.shard_rows(p, _table_row_bytes(p)) for p in tables}
-    opened = comm.open_snapshots(save_id, mode, rows)
-    stats = {p.name: any(info.get("stats", {}).get(p.name) for info in opened.values()) for p in tables}
-    if mode == BASE and not any(stats.values()):
-        comm.close_snapshots(save_id, commit=False, quiet=True)
-        raise ConfigError(_NO_STATISTICS.format(tables=sorted(stats)))
+    comm.open_snapshots(save_id, mode, rows)
     try:
-        yield {"save": save_id, "mode": mode, "stats": stats}
+        yield {"save": save_id, "mode": mode, "stats": {p.name: p.has_statistics for p in tables}}
     except BaseException:
         comm.close_snapshots(save_id, commit=False, quiet=True)
         raise

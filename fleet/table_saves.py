@@ -22,6 +22,19 @@ from fleet.server.checkpoint import shard_state, deleted_share, state_var
 _CHUNK_ROWS = 1 << 16
 
 
+def program_tables(program):
+    """{name: SparseTable} of ``program``'s local tables (``fleet.local_tables``: its
+    distributed tables with an entry or accessor), created (empty) if no lookup made them
+    yet, so that a save holds every table and a load has every table to fill."""
+    from fleet.local_tables import LOCAL
+
+    served = LOCAL.served(program)
+    if not served:
+        return {}
+    LOCAL.rewrite(program)  # registers how to build each table
+    return {name: LOCAL._table(name) for name in served}
+
+
 def table_var_names(tables):
     """The program variables a save takes from the local tables instead of the scope:
     each table and its optimizer state (``t``, ``t_<key>_0``)."""
@@ -41,13 +54,15 @@ def open_local_snapshots(tables, mode, commit):
         {name: (table, TableSnapshot)}.
 
     Raises:
-        ConfigError: mode 2 and no table keeps statistics; a table refuses the mode.
+        ConfigError: mode 2 and a table without statistics (or no table).
     """
-    if mode == BASE and not any(getattr(t, "has_statistics", False) for t in tables.values()):
+    lacking = sorted(name for name, t in tables.items() if not t.has_statistics)
+    if mode == BASE and (lacking or not tables):
         raise ConfigError(
-            f"save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but no "
-            f"table keeps them (tables: {sorted(tables) or 'none'}): give a table an entry (fleet."
-            f"CountFilterEntry, ...) or strategy.set_sparse_table_config(...), or save with mode=0")
+            f"save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but "
+            f"{'tables ' + str(lacking) + ' keep' if lacking else 'local training has no sparse table keeping'} "
+            f"none: give each table an entry (fleet.CountFilterEntry, ...) or an accessor config "
+            f"(strategy.set_sparse_table_config(table_name)), or save with mode=0")
     snaps = {}
     try:
         for name, table in tables.items():

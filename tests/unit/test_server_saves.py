@@ -32,7 +32,7 @@ def _program():
         demb = layers.sequence_pool(layers.embedding(dids, size=[10, 3], is_distributed=True, param_attr=table),
                                     "sum")
         out = layers.fc(layers.concat([emb, demb, x], axis=1), 2, param_attr="w", bias_attr="b")
-        optimizer.Adam(0.01).minimize(layers.mean(out))
+        optimizer.Adam(0.01, lazy_mode=True).minimize(layers.mean(out))  # a push changes only its rows
     startup.random_seed = 5
     return main, startup
 
@@ -215,7 +215,8 @@ def test_a_delta_with_no_save_before_it_and_a_base_without_statistics_are_refuse
     with pytest.raises(ConfigError, match=r"save_persistables\(mode=1\) to .* but this job has none"):
         _save(runtime, cluster, tmp_path / "d1", 1)
     with pytest.raises(ConfigError, match=r"save_persistables\(mode=2\) saves the rows passing base_threshold, "
-                                          r"which needs statistics, but no distributed table keeps them"):
+                                          r"which needs statistics, but distributed tables \['dtable'\] keep none: "
+                                          r"give each table an entry"):
         _save(runtime, cluster, tmp_path / "b", 2)
     assert not os.path.exists(tmp_path / "d1") and not os.path.exists(tmp_path / "b")
     assert all(not ps._saves for ps in cluster.servers.values())
@@ -227,7 +228,7 @@ def test_snapshots_of_a_lost_worker_are_closed_and_cannot_be_committed():
     comm = cluster.comm
     opened = comm.open_snapshots("s1", 1, {"dtable": 8})
     assert sum(info["totals"]["dtable"] for info in opened.values()) == len(IDS)
-    with pytest.raises(ServerError, match=r"save 's1': the snapshots of \['dtable'\] were not read to their end"):
+    with pytest.raises(ServerError, match=r"save s1: the snapshots of \['dtable'\] were not read to their end"):
         comm.close_snapshots("s1", commit=True)
     comm.open_snapshots("s2", 1, {"dtable": 8})
     for ps in cluster.servers.values():
