@@ -15,6 +15,7 @@ heartbeats stop (``ParameterServer.check_liveness``).
 import atexit
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -32,7 +33,8 @@ from fleet.framework.executor import Executor
 from fleet.framework.hooks import set_program_rewriter
 from fleet.framework.inference import file_names, manifest_extra, persistable_names, use_saved_tables
 from fleet.framework.program import serialize_program
-from fleet.framework.save_chain import ALL, BASE, DELTA, check_save_mode, new_link, read_chain, resolve_chain
+from fleet.framework.save_chain import (ALL, BASE, DELTA, check_next_delta, check_save_mode, new_link, read_chain,
+                                       resolve_chain)
 from fleet.framework.scope import Scope, global_scope
 from fleet.logs import WaitLog
 from fleet.rules import rule_from_op_attrs
@@ -401,6 +403,33 @@ class WorkerRuntime:
         if commit:
             self.last_save = (meta["chain"], writer.dirname)
         return writer.dirname
+
+    def load_model(self, dirname, mode=0):
+        """Makes every server load the save at ``dirname`` while the job runs (Paddle 2.x's
+        ``fleet.load_model``): mode 0 the save, with its chain if it is a delta, replaces
+        the servers' tables and parameters; mode 1 applies the one delta at ``dirname``,
+        which must follow the save the servers loaded last. The next delta this worker
+        saves follows the loaded save. Call it from one worker while no worker trains
+        (e.g. between ``fleet.barrier_worker()`` calls); workers read the new values at
+        their next pull (GEO: their next exchange).
+
+        Raises:
+            ConfigError: a mode other than 0 or 1, a broken chain, or a delta that does
+                not follow the servers' save (names both).
+        """
+        self._need_started("load_model")
+        if mode not in (0, 1) or isinstance(mode, bool):
+            raise ConfigError(f"load_model mode {mode!r} is not 0 (load the save, and its chain) or 1 (apply one "
+                              f"delta onto the save loaded last)")
+        path = os.path.abspath(dirname)
+        if mode == 0:
+            resolve_chain(path)  # the same errors as the servers', before asking them
+        else:
+            check_next_delta(fio.VarsReader(path), self.checkpoint_info(), "the servers")
+        self.comm.flush()
+        self.comm.load_model(path, mode)
+        self.last_save = (read_chain(path), path)
+        return path
 
     def _previous_save(self):
         """(chain record, directory) of the save a delta follows: this worker's last

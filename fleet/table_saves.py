@@ -127,11 +127,25 @@ def load_local_tables(chain, tables):
     """
     for i, dirname in enumerate(chain):
         reader = fio.VarsReader(dirname)
-        for name, table in tables.items():
-            pplan = types.SimpleNamespace(name=name, width=table.dim)
-            state = shard_state(reader, pplan, table.rule, 0, 1, getattr(table, "has_statistics", False))
-            if i == 0:
-                table.load_state_dict(state)
-            else:
-                table.apply_delta(state, deleted_share(reader, name, 0, 1))
+        if i == 0:
+            for name, table in tables.items():
+                table.load_state_dict(_state(reader, name, table))
+        else:
+            apply_local_delta(reader, tables)
     return sorted(tables)
+
+
+def apply_local_delta(reader, tables):
+    """Applies the delta save of ``reader`` (a ``VarsReader``) onto ``tables``: its rows
+    upserted with their state and statistics, its tombstones deleted.
+
+    Raises:
+        ConfigError: a table is not in the save, or has another width (names it).
+    """
+    for name, table in tables.items():
+        table.apply_delta(_state(reader, name, table), deleted_share(reader, name, 0, 1))
+
+
+def _state(reader, name, table):
+    pplan = types.SimpleNamespace(name=name, width=table.dim)
+    return shard_state(reader, pplan, table.rule, 0, 1, table.has_statistics)

@@ -108,3 +108,29 @@ def test_a_local_save_passes_filename_as_the_4th_argument_and_refuses_bad_modes(
     assert sorted(fio.read_manifest(str(tmp_path / "one"))["combined"]) == ["params"]
     fleet.save_persistables(exe, str(tmp_path / "d1"), main, mode=1, filename="params")  # follows "one"
     assert read_chain(tmp_path / "d1")["parent"]["dirname"] == "one"
+
+
+def test_load_model_applies_deltas_one_by_one_in_order_only(tmp_path):
+    exe, main = _job()
+    _train(exe, main, seed=1, vocab=40)
+    fleet.save_persistables(exe, str(tmp_path / "base"), main, mode=0)
+    for i in (1, 2):
+        _train(exe, main, seed=1 + i, vocab=60)
+        fleet.save_persistables(exe, str(tmp_path / f"d{i}"), main, mode=1)
+    expected = _state(main)
+
+    local_tables.LOCAL.reset()
+    exe, main = _job()
+    fleet.load_model(str(tmp_path / "base"), mode=0, main_program=main)
+    with pytest.raises(ConfigError, match=(
+            rf"load_model\('{tmp_path / 'd2'}', mode=1\): that delta \(sequence 2 of chain \w+\) follows save \w+, "
+            rf"but the save the local tables hold is \w+ \({tmp_path / 'base'}\): apply a chain's deltas in order")):
+        fleet.load_model(str(tmp_path / "d2"), mode=1, main_program=main)
+    with pytest.raises(ConfigError, match=r"applies a delta, but that directory holds a mode-0 save: load it with "
+                                          r"mode=0"):
+        fleet.load_model(str(tmp_path / "base"), mode=1, main_program=main)
+    fleet.load_model(str(tmp_path / "d1"), mode=1, main_program=main)
+    fleet.load_model(str(tmp_path / "d2"), mode=1, main_program=main)
+    got = _state(main)
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
