@@ -411,13 +411,17 @@ class WorkerRuntime:
         which must follow the save the servers loaded last. The next delta this worker
         saves follows the loaded save. Call it from one worker while no worker trains
         (e.g. between ``fleet.barrier_worker()`` calls); workers read the new values at
-        their next pull (GEO: their next exchange).
+        their next pull. Not in GEO mode, whose workers train their own copies.
 
         Raises:
-            ConfigError: a mode other than 0 or 1, a broken chain, or a delta that does
-                not follow the servers' save (names both).
+            ConfigError: GEO mode, a mode other than 0 or 1, a broken chain, or a delta
+                that does not follow the servers' save (names both).
         """
         self._need_started("load_model")
+        if self.plan.mode == "geo":
+            raise ConfigError("fleet.load_model() cannot reach GEO workers' own copies of the parameters (an "
+                              "exchange sends only rows they changed): restart the job with "
+                              "fleet.init_server(dirname) to load a save")
         if mode not in (0, 1) or isinstance(mode, bool):
             raise ConfigError(f"load_model mode {mode!r} is not 0 (load the save, and its chain) or 1 (apply one "
                               f"delta onto the save loaded last)")
