@@ -143,7 +143,9 @@ class SnapshotMixin:
 
     def _extra_memory_bytes(self, size):
         """memory_bytes() beyond values, states, index and GEO tracking. Caller holds the lock."""
-        total = 0 if self._stats_store is None else self._stats_store.memory_bytes(size)
+        total = 0
+        if self._stats_store is not None:
+            total += self._stats_store.memory_bytes(size) + self._unique_bits.memory_bytes(size // 8 + 1)
         if self._admission is not None:
             total += self._admission.memory_bytes()
         if self._delta is not None:
