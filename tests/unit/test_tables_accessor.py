@@ -148,3 +148,14 @@ def test_only_a_rule_whose_update_comes_with_it_skips_the_merge():
     assert unique_rows_update(LoggedAdagrad()) is None
     regularized = RegularizedRule(SGDRule(), "l1", 0.5)
     assert unique_rows_update(regularized).__func__ is RegularizedRule.apply_sparse_unique
+
+
+def test_a_probability_table_creates_a_fraction_of_new_ids_within_three_sigma_of_p():
+    n, p = 200_000, 0.05
+    table = make_table(entry=ProbabilityEntry(p), sketch_width=1 << 20)
+    ids = np.arange(n, dtype=np.int64) * 7 - 10**12
+    for batch in np.array_split(ids, 20):
+        out = table.pull_train(batch)
+        created = table.contains(batch)
+        assert not out[~created].any()  # an id not admitted reads as a zero row
+    assert abs(table.size / n - p) <= 3 * (p * (1 - p) / n) ** 0.5, table.size / n
