@@ -8,7 +8,10 @@ Prints one JSON line:
   lookup with show and click (``pull_train`` of a batch's unique ids with their
   occurrence counts) then the push of its gradients, on a 1M-row table with statistics,
   next to the same pull + push of the same batches on the plain table in the same run
-  (rows/s per core = unique ids per second; goal >= 8M rows/s per core);
+  (unique ids per wall second and per CPU second of the calling thread, the figure per
+  core on a shared machine; goal >= 8M rows/s per core). Tables with statistics push
+  unique rows without merging them (``Rule.apply_sparse_unique``); plain tables merge as
+  before;
 - memory of a table with statistics at ``--ctr-large-rows`` rows (100M by default, built
   for real by training lookups): bytes per row and the total; goal <= 10 GiB at 100M rows;
 - bytes per row at 1M rows and at a large size (100M by default, built for real: about
