@@ -4,7 +4,7 @@ import threading
 import numpy as np
 import pytest
 
-from fleet.entries import CountFilterEntry, CtrAccessorConfig
+from fleet.entries import CtrAccessorConfig
 from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.rules import AdagradRule, AdamRule
 from fleet.tables import SparseTable
@@ -19,15 +19,12 @@ class CountedAdagrad(AdagradRule):
     a snapshot's scalars["pushes"] is the number of pushes applied before its instant.
     """
 
-    state_names = row_state_names = ("moment",)
+    state_names = ("moment", "pushes")
+    row_state_names = ("moment",)
 
     def __init__(self):
         super().__init__(epsilon=1e-6)
         self.log = []
-
-    @property
-    def state_names(self):
-        return ("moment", "pushes")
 
     def init_state(self, shape):
         return {"moment": np.zeros(shape, dtype=np.float32), "pushes": np.zeros(1, dtype=np.float64)}
