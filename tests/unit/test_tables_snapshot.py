@@ -81,8 +81,9 @@ def test_a_snapshot_read_while_two_workers_push_is_the_table_of_one_instant():
     for t in threads:
         t.start()
     try:
-        while len(batches[0]) < 50 or len(batches[1]) < 50:
+        while (len(batches[0]) < 50 or len(batches[1]) < 50) and all(t.is_alive() for t in threads):
             threading.Event().wait(0.001)
+        assert all(t.is_alive() for t in threads), "a worker failed"
         snap = table.snapshot(mode=0)
         # a write to rows not yet read must preserve them (deterministic, besides the workers')
         table.push(np.arange(490, 500), -np.ones((10, DIM), dtype=np.float32), 0.1)
