@@ -216,3 +216,15 @@ def test_collective_training_refuses_a_table_with_an_entry():
         with pytest.raises(ConfigError, match=r"CollectiveStrategy keeps a copy on each worker: use "
                                               r"DistributedStrategyFactory.create_hybrid_strategy\(\)"):
             fleet.distributed_optimizer(SGD(0.1), fleet.CollectiveStrategy()).minimize(loss)
+
+
+@pytest.mark.parametrize("first", ["fleet.transport", "fleet.tables", "fleet.errors", "fleet.server.parameter_server"])
+def test_lower_layers_import_first_without_pulling_in_the_local_tables(first):
+    """``from fleet import endpoints`` (and the like) in a lower layer must not import
+    fleet.local_tables, which imports the layers above them (an import cycle)."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {first}, fleet; fleet.Executor; assert 'fleet.local_tables' in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
