@@ -143,7 +143,9 @@ class SnapshotMixin:
 
     def _extra_memory_bytes(self, size):
         """memory_bytes() beyond values, states, index and GEO tracking. Caller holds the lock."""
-        total = 0 if self._stats_store is None else self._stats_store.memory_bytes(size)
+        total = 0
+        if self._stats_store is not None:
+            total += self._stats_store.memory_bytes(size) + self._unique_bits.memory_bytes(size // 8 + 1)
         if self._admission is not None:
             total += self._admission.memory_bytes()
         if self._delta is not None:
@@ -184,6 +186,7 @@ class TableSnapshot:
         self._cursor = 0   # rows below it are read: later writes to them need no copy
         self._read = 0     # rows yielded so far
         self._done = False
+        self._all_preserved = False  # every row still to read is preserved already
         self._reading = False
         self._status = "open"
         self._preserved = _PreservedRows(table)
@@ -294,7 +297,7 @@ class TableSnapshot:
 
     def _preserve(self, rows):
         """Copies aside the rows among ``rows`` the snapshot has yet to read. Caller holds the lock."""
-        if self._done or not len(rows):
+        if self._done or self._all_preserved or not len(rows):
             return
         rows = rows[(rows >= self._cursor) & (rows < self._n0)]
         if self._rows is not None and len(rows):
@@ -302,6 +305,15 @@ class TableSnapshot:
             rows = rows[self._rows[at] == rows] if len(self._rows) else rows[:0]
         if len(rows):
             self._preserved.keep(np.ascontiguousarray(rows))
+
+    def _preserve_all(self):
+        """Copies aside every row the snapshot has yet to read (for a push that writes every row), once."""
+        if self._done or self._all_preserved:
+            return
+        rows = np.arange(self._cursor, self._n0, dtype=np.int64) if self._rows is None else self._rows[self._read:]
+        if len(rows):
+            self._preserved.keep(np.ascontiguousarray(rows))
+        self._all_preserved = True
 
     def _copy_rows(self, rows, index):
         """The chunk of ``rows`` (``index``: a slice or the same rows) as of the instant. Caller holds the lock."""
