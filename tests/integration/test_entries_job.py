@@ -66,9 +66,10 @@ def test_local_and_distributed_sync_keep_the_same_rows_statistics_and_shrink(fle
 
 
 @pytest.mark.slow
-def test_every_async_worker_gets_the_count_that_every_server_deleted(fleetrun, clean_env, tmp_path):
+@pytest.mark.parametrize("mode", ["async", "half_async", "hybrid"])
+def test_every_worker_gets_the_count_that_every_server_deleted(fleetrun, clean_env, tmp_path, mode):
     result = fleetrun("--server_num", 2, "--worker_num", 2, "--log_dir", tmp_path / "log",
-                      SCRIPT, "async", tmp_path, "count", timeout=120, env=clean_env)
+                      SCRIPT, mode, tmp_path, "show_click", timeout=120, env=clean_env)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
     returned = [json.loads((tmp_path / f"worker{k}.json").read_text())["deleted"] for k in (0, 1)]
     per_server = [json.loads(str(d["deleted"]))["emb"] for d in _servers(tmp_path, 2)]

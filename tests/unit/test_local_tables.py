@@ -228,3 +228,18 @@ def test_lower_layers_import_first_without_pulling_in_the_local_tables(first):
     code = f"import sys, {first}, fleet; fleet.Executor; assert 'fleet.local_tables' in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_sparse_embedding_built_with_is_test_only_reads():
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
+        emb = layers.sparse_embedding(ids, [10, 4], is_test=True, entry=fleet.CountFilterEntry(1),
+                                      param_attr=fleet.ParamAttr(name="emb", initializer=Constant(0.5)))
+        pooled = layers.sequence_pool(emb, "sum")
+    exe = fleet.Executor()
+    exe.run(startup)
+    for _ in range(2):
+        out, = exe.run(main, feed={"ids": _feed([[1, 2]])["ids"]}, fetch_list=[pooled])
+        np.testing.assert_array_equal(out, np.zeros((1, 4), np.float32))
+    assert len(local_tables.local_tables()["emb"]) == 0
