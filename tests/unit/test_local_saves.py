@@ -134,3 +134,20 @@ def test_load_model_applies_deltas_one_by_one_in_order_only(tmp_path):
     got = _state(main)
     for key in expected:
         np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+
+def test_a_checkpoint_between_saves_commits_nothing_and_the_next_delta_follows_the_last_save(tmp_path):
+    exe, main = _job()
+    _train(exe, main, seed=1, vocab=40)
+    fleet.save_persistables(exe, str(tmp_path / "base"), main, mode=0)
+    _train(exe, main, seed=2, vocab=80)
+    with fw.program_guard(main):
+        path = fleet.save_checkpoint(exe, fleet.CheckpointConfig(str(tmp_path / "ckpt")))
+    _train(exe, main, seed=3, vocab=30, batches=2)
+    fleet.save_persistables(exe, str(tmp_path / "d1"), main, mode=1)
+    expected = _state(main)
+    assert read_chain(path)["mode"] == 0 and "emb@ids" in fio.read_manifest(path)["vars"]
+    assert read_chain(tmp_path / "d1")["parent"]["dirname"] == "base"
+    got = _load(tmp_path / "d1")
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
