@@ -158,18 +158,20 @@ class LocalTables(TrainingHooks):
         return self.served(main)
 
     def _rewrite_startup(self, startup, served):
-        """A startup program without the dense initializers of the served tables; running
-        it resets them (called right before each run, so the reset happens here)."""
+        """A startup program without the dense initializers of the served tables and of
+        their optimizer states (the local tables keep those per row); running it resets
+        the tables (called right before each run, so the reset happens here)."""
         with self._lock:
             for name in served:
                 self._tables.pop(name, None)
             cached = self._rewritten.get(startup)
             if cached is not None and cached[0] == startup._version:
                 return cached[1]
+            owned = set(served) | _optimizer_states(startup._paired, served)
             run = startup.clone(for_test=False)
             block = run.global_block()
-            block.ops[:] = [op for op in block.ops if not set(op.output_arg_names) & set(served)]
-            for name in served:
+            block.ops[:] = [op for op in block.ops if not set(op.output_arg_names) & owned]
+            for name in owned:
                 block.vars.pop(name, None)
             run.training_hooks = self
             self._rewritten[startup] = (startup._version, run)
@@ -303,6 +305,20 @@ def _reads_tables(program):
 def _is_startup(program, served):
     return not _reads_tables(program) and any(set(op.output_arg_names) & set(served)
                                               for op in program.global_block().ops)
+
+
+def _optimizer_states(main, tables):
+    """The names of the optimizer-state variables of ``tables`` in ``main`` (moments,
+    accumulators, beta powers: every input of their optimizer ops but Param, Grad and
+    LearningRate)."""
+    names = set()
+    if main is None:
+        return names
+    for op in main.global_block().ops:
+        if op.attr("op_role") == OPTIMIZE and op.input("Param") and op.input("Param")[0] in tables:
+            names.update(n for slot, vs in op.inputs.items() if slot not in ("Param", "Grad", "LearningRate")
+                         for n in vs)
+    return names
 
 
 def _optimizer_op_of(program, name):

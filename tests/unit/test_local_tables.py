@@ -243,3 +243,14 @@ def test_a_sparse_embedding_built_with_is_test_only_reads():
         out, = exe.run(main, feed={"ids": _feed([[1, 2]])["ids"]}, fetch_list=[pooled])
         np.testing.assert_array_equal(out, np.zeros((1, 4), np.float32))
     assert len(local_tables.local_tables()["emb"]) == 0
+
+
+def test_the_startup_program_allocates_neither_the_table_nor_its_optimizer_state():
+    main, startup, _, _, _ = _model(fleet.CountFilterEntry(1), optimizer=Adam(0.01))
+    exe = fleet.Executor()
+    exe.run(startup)
+    names = fw.global_scope().keys()
+    assert not [n for n in names if n.startswith("emb")], sorted(names)
+    assert any(n.startswith("fc.w_moment1") for n in names)
+    exe.run(main, feed=_feed([[1, 2]]))
+    assert len(local_tables.local_tables()["emb"]) == 2
