@@ -336,7 +336,7 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
             if self.has_statistics:
                 fill_rows(self._stats, before, after, _ZERO_STATS)
             if self._delta is not None:
-                self._delta.mark_range(before, after)
+                self._mark_delta(np.arange(before, after, dtype=np.int64))
         return rows
 
     def _rows_to_write(self, ids, rows_arg):
@@ -362,7 +362,7 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
         if self._changes is not None:
             self._changes.mark(rows)
         if self._delta is not None:
-            self._delta.mark(rows)
+            self._mark_delta(rows)
 
     def _make_storage(self, index, capacity):
         """Takes ``index`` and fresh per-row arrays with room for ``capacity`` rows."""
