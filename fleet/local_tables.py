@@ -24,7 +24,9 @@ gradient once per step (a split batch's parts pull separately, so an id that rea
 count in the second part reads zeros in the first: the same admissions, but that step's
 forward pass can differ from one thread's).
 
-``local_tables()`` returns the tables ({name: SparseTable}), e.g. for saving them.
+``local_tables()`` returns the tables ({name: SparseTable}), e.g. for saving them;
+``local_tables(program)`` those ``program`` reads, created empty if needed (to load a save
+into them after running the startup program, which resets them).
 Thread-safe.
 """
 import threading
@@ -114,6 +116,16 @@ class LocalTables(TrainingHooks):
         """{name: SparseTable} of the tables created so far (a new dict of the live tables)."""
         with self._lock:
             return dict(self._tables)
+
+    def tables_of(self, program):
+        """{name: SparseTable} of the served tables ``program`` reads, created if needed
+        (built as when the program runs)."""
+        out = {}
+        for name in self.served(program):
+            if any(op.type == "lookup_table" and op.input("W") == [name] for op in program.global_block().ops):
+                self._register(program, name)
+                out[name] = self._table(name)
+        return out
 
     def _table(self, name):
         with self._lock:
@@ -364,8 +376,19 @@ LOCAL = LocalTables()
 set_local_rewriter(LOCAL.rewrite)
 
 
-def local_tables():
+def local_tables(program=None):
     """The local tables with an entry or accessor: {name: fleet.tables.SparseTable}, the
-    live tables (each thread-safe). Empty before a program reading one ran."""
-    return LOCAL.tables()
+    live tables (each thread-safe).
+
+    Args:
+        program: None: the tables created so far (empty before a program reading one
+            ran). A training program (or its test clone): the tables it reads, created
+            empty now if they do not exist yet (e.g. to load a save into before training).
+
+    Raises:
+        ConfigError: a table of ``program`` without an initializer of known distribution.
+    """
+    if program is None:
+        return LOCAL.tables()
+    return LOCAL.tables_of(program)
 
