@@ -243,3 +243,29 @@ def test_a_sparse_embedding_built_with_is_test_only_reads():
         out, = exe.run(main, feed={"ids": _feed([[1, 2]])["ids"]}, fetch_list=[pooled])
         np.testing.assert_array_equal(out, np.zeros((1, 4), np.float32))
     assert len(local_tables.local_tables()["emb"]) == 0
+
+
+def test_the_startup_program_allocates_neither_the_table_nor_its_optimizer_state():
+    main, startup, _, _, _ = _model(fleet.CountFilterEntry(1), optimizer=Adam(0.01))
+    exe = fleet.Executor()
+    exe.run(startup)
+    names = fw.global_scope().keys()
+    assert not [n for n in names if n.startswith("emb")], sorted(names)
+    assert any(n.startswith("fc.w_moment1") for n in names)
+    exe.run(main, feed=_feed([[1, 2]]))
+    assert len(local_tables.local_tables()["emb"]) == 2
+
+
+def test_local_tables_of_a_program_builds_its_tables_before_it_runs():
+    main, startup, test, pooled, _ = _model(fleet.CountFilterEntry(3), init=Constant(0.5))
+    exe = fleet.Executor()
+    exe.run(startup)  # runs before the load: a startup run resets the tables
+    assert local_tables.local_tables() == {}
+    tables = local_tables.local_tables(main)
+    assert list(tables) == ["emb"] and len(tables["emb"]) == 0
+    assert tables["emb"].entry == fleet.CountFilterEntry(3) and type(tables["emb"].rule).__name__ == "SGDRule"
+    tables["emb"].load_state_dict({"ids": np.array([4], np.int64), "values": np.ones((1, 4), np.float32)})
+    out, = exe.run(test, feed=_feed([[4], [5]]), fetch_list=[pooled.name])  # the loaded row serves the test clone
+    np.testing.assert_array_equal(out, [[1] * 4, [0] * 4])
+    assert local_tables.local_tables(test)["emb"] is tables["emb"]
+    assert local_tables.local_tables()["emb"].contains(np.array([4]))[0]
