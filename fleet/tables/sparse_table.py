@@ -192,6 +192,8 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
             apply(self._values[:size], rows, grads, state, float(lr))
             self._keep_scalars(state)
             self._mark(rows)
+            if self._rule_writes_every_row and self._delta is not None:
+                self._all_changed = True  # every row's moments decayed: the next delta holds every row
 
     def push_rows(self, sparse_rows, lr):
         """``push`` of a SparseRows-like object whose ``rows`` are ids and ``values`` gradients."""

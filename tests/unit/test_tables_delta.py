@@ -49,8 +49,9 @@ def train(table, rng, id_range, steps):
         table.push(ids, rng.standard_normal((len(ids), DIM)).astype(np.float32), 0.05)
 
 
-@pytest.mark.parametrize("rule,entry", [(AdagradRule(), None), (AdamRule(lazy_mode=True), CountFilterEntry(2))],
-                         ids=["adagrad", "adam_count_filter"])
+@pytest.mark.parametrize("rule,entry", [(AdagradRule(), None), (AdamRule(lazy_mode=True), CountFilterEntry(2)),
+                                        (AdamRule(lazy_mode=False), None)],
+                         ids=["adagrad", "adam_count_filter", "adam_not_lazy_decays_every_row"])
 def test_a_base_and_its_deltas_applied_in_order_equal_the_table(rule, entry):
     rng = np.random.default_rng(1)
     table = make_table(rule, entry=entry, **({"sketch_width": 1 << 14} if entry else {}))
