@@ -25,7 +25,9 @@ from fleet.framework.executor import Executor
 from fleet.framework.hooks import set_program_rewriter
 from fleet.framework.inference import inference_program, load_inference_model, save_inference_model
 from fleet.framework.program import Program, default_main_program, default_startup_program
+from fleet.framework.save_chain import DELTA, check_save_mode, new_link, read_chain, resolve_chain
 from fleet.framework.scope import global_scope
+from fleet.table_saves import load_local_tables, local_tables, open_local_snapshots, write_local_tables
 from fleet.logs import install_default_handler
 from fleet.optimizer import Optimizer
 from role_makers import PaddleCloudRoleMaker, RoleMakerBase
@@ -356,7 +358,7 @@ class Fleet:
         if not isinstance(program, Program):
             raise TypeError(f"in fleet.{what}() function, main_program must be as Program type")
 
-    def save_persistables(self, executor, dirname, main_program=None, filename=None):
+    def save_persistables(self, executor, dirname, main_program=None, mode=0, filename=None):
         """Saves every parameter and its optimizer state to ``dirname`` atomically (see
         ``fleet.framework.io``): complete, or not there at all. As Paddle lays it out,
         each variable is a file named as the variable, or with ``filename`` every
@@ -371,8 +373,24 @@ class Fleet:
         flushes this worker's queued updates first. In sync mode the save is exactly the
         state after this worker's last step (the other workers wait for this worker's
         next step, so the save must end within their FLEET_RPC_TIMEOUT_MS); in the other
-        modes other workers keep training while it reads, so parameters may be a few
-        updates apart.
+        modes other workers keep training while it reads: each server's tables are read
+        from snapshots opened on every server at once when the save starts (one instant
+        per server), dense parameters block by block (a few updates apart).
+
+        Save modes (Paddle 2.x's numbers; ``fleet.framework.save_chain``): 0 every row;
+        1 a delta: of each table the rows changed since its previous save (of any mode,
+        by ``save_persistables``) and ``<table>@deleted``, the ids deleted since; 2 a
+        base: the rows of tables with statistics that pass base_threshold. Dense and
+        ``is_sparse`` parameters are saved whole in every mode. A mode-0 or mode-2 save
+        starts a chain, each delta extends it; ``fleet.init_server(dirname)`` (and
+        ``load_persistables`` locally) on any save of a chain loads its base and every
+        delta up to it. Checkpoints (``fleet.CheckpointConfig``) are full saves outside
+        the chain: they never change what the next delta holds.
+
+        Args:
+            mode: 0, 1 or 2 (a str here is taken as ``filename``, the 4th argument of
+                earlier versions).
+            filename: one file for every variable (default: one file per variable).
 
         Returns:
             The directory written.
@@ -380,8 +398,15 @@ class Fleet:
         Raises:
             TypeError: executor is not a fleet Executor, main_program not a Program
                 (Paddle's messages).
+            ConfigError: a mode other than 0, 1, 2; a delta with no save before it; mode
+                2 without a table keeping statistics.
         """
-        return self._save_persistables(executor, dirname, main_program, None, filename)
+        if isinstance(mode, str):  # save_persistables(exe, dirname, program, "params") of earlier versions
+            if filename is not None:
+                raise ConfigError(f"save_persistables got filename twice ({mode!r} as the 4th argument and "
+                                  f"filename={filename!r}); pass mode=0|1|2 and filename=")
+            mode, filename = 0, mode
+        return self._save_persistables(executor, dirname, main_program, None, filename, mode=mode)
 
     def _check_trained(self, what):
         """Refuses a save of parameters nothing trained or loaded (they would be the
@@ -419,24 +444,52 @@ class Fleet:
             f"initial parameters as if they were a trained model. Check that this process got data; to save "
             f"untrained parameters on purpose, set {SAVE_UNTRAINED_ENV}=1")
 
-    def _save_persistables(self, executor, dirname, main_program, extra, filename=None):
+    def _save_persistables(self, executor, dirname, main_program, extra, filename=None, mode=0):
+        mode = check_save_mode(mode)
         self._check_executor(executor, "save_persistables")
         program = main_program or self.main_program or default_main_program()
         self._check_program(program, "save_persistables")
-        self._check_trained("save_checkpoint" if (extra or {}).get("kind") == "checkpoint" else "save_persistables")
+        checkpoint = (extra or {}).get("kind") == "checkpoint"
+        self._check_trained("save_checkpoint" if checkpoint else "save_persistables")
         meta = {"kind": "persistables", "save_id": uuid.uuid4().hex}
         meta.update(extra or {})
         if self._runtime is not None and hasattr(self._runtime, "save_persistables"):
-            return self._runtime.save_persistables(dirname, program, meta, filename)
+            return self._runtime.save_persistables(dirname, program, meta, filename, mode=mode,
+                                                   commit=not checkpoint)
+        return self._save_local(dirname, program, meta, filename, mode, commit=not checkpoint)
+
+    def _save_local(self, dirname, program, meta, filename, mode, commit):
+        """The local save: the program's persistables from the global scope, and the local
+        sparse tables (``fleet.runtime.local_tables()``) read through snapshots."""
         scope = global_scope()
+        tables = local_tables()
+        parent, parent_dir = self._previous_local_save() if mode == DELTA else (None, None)
+        meta["chain"] = new_link(mode, meta["save_id"], dirname, parent, parent_dir)
         arrays = {}
         for name in self._persistable_names(program):
             value = scope.find_var(name)
-            if value is not None:
+            if value is not None and name not in tables:  # a local table is saved from its snapshot
                 arrays[name] = value
         meta.update(mode=getattr(self._runtime, "save_mode", "local"), program_vars=sorted(arrays),
                     strategy={"class": type(self._strategy).__name__} if self._strategy is not None else None)
-        return fio.write_vars(dirname, arrays, meta, filename)
+        with open_local_snapshots(tables, mode, commit) as snapshots:
+            with fio.VarsWriter(dirname, meta, filename) as writer:
+                for name, value in arrays.items():
+                    writer.add(name, value)
+                writer.extra["tables"] = write_local_tables(writer, snapshots, mode)
+        if commit:
+            self._last_local_save = (meta["chain"], writer.dirname)
+        return writer.dirname
+
+    def _previous_local_save(self):
+        """(chain record, directory) a local delta follows: the last committed local save,
+        else the save loaded into the global scope, else (None, None)."""
+        if getattr(self, "_last_local_save", None) is not None:
+            return self._last_local_save
+        loaded = global_scope().loaded_from
+        if loaded and os.path.isfile(os.path.join(loaded, fio.MANIFEST)):
+            return read_chain(loaded), loaded
+        return None, None
 
     def load_persistables(self, executor, dirname, main_program=None, filename=None):
         """Loads what ``save_persistables`` wrote into the global scope, in place where the
@@ -445,7 +498,12 @@ class Fleet:
 
         Locally: every persistable variable of the program (an ``is_sparse`` or
         ``is_distributed`` table saved by a distributed job, as ``<table>@ids`` /
-        ``@values``, is scattered into the local table, whose size must hold every id).
+        ``@values``, is scattered into the local table, whose size must hold every id);
+        the local sparse tables (``fleet.runtime.local_tables()``) take their rows,
+        optimizer state and statistics. ``dirname`` may be any save of a chain
+        (``save_persistables`` modes): the tables load its base, then every delta up to
+        it, in order; other variables come from ``dirname`` itself (every save holds
+        them whole).
         On a distributed worker: only the worker's own persistables (metric states;
         GEO's local optimizer state); the servers load parameters and optimizer state
         with ``fleet.init_server(dirname)``.
@@ -464,7 +522,9 @@ class Fleet:
         global_scope().loaded_from = os.path.abspath(dirname)
         if self._runtime is not None and hasattr(self._runtime, "load_persistables"):
             return self._runtime.load_persistables(dirname, program)
-        names = self._persistable_names(program)
+        tables = local_tables()
+        chain = resolve_chain(dirname)
+        names = [n for n in self._persistable_names(program) if n not in tables]
         manifest = fio.read_manifest(dirname)
         saved = manifest["vars"]
         by_id = [n for n in names if n not in saved and _id_keyed(n, saved) is not None]
@@ -484,7 +544,8 @@ class Fleet:
                 scope[name] = value
         for name, value in scattered.items():
             scope.find_var(name)[...] = value
-        return sorted(values) + sorted(scattered)
+        loaded_tables = load_local_tables(chain, tables)
+        return sorted(values) + sorted(scattered) + sorted(loaded_tables)
 
     def save_inference_model(self, executor, dirname, feeded_var_names, target_vars, main_program=None,
                              export_for_deployment=True, model_filename=None, params_filename=None,

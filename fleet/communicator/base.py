@@ -297,24 +297,81 @@ class Communicator(CommunicatorAPI):
             for k, (b, start, _) in enumerate(wave):
                 yield b, start, got[k]
 
-    def pull_shard_chunks(self, pplan, row_bytes, budget=None):
-        """Yields (server index, {"ids", "values", "state.<key>": ...}) chunks of every
-        server's share of a distributed table, server by server; each server's first
-        chunk comes even when its share is empty (it carries the scalar state).
+    def shard_rows(self, pplan, row_bytes, budget=None):
+        """Rows of ``pplan`` (a distributed table) per chunk of a table read: as many as
+        ``budget`` bytes hold (default ``state_budget()``).
 
-        Blocks until each chunk arrives (bounded by the client timeout).
+        Raises:
+            ConfigError: one row does not fit a message (names FLEET_MAX_MESSAGE_BYTES).
         """
         budget = budget or self.state_budget()
         self._check_row_fits(pplan, row_bytes)
-        rows = max(1, budget // max(int(row_bytes), 1))
+        return max(1, budget // max(int(row_bytes), 1))
+
+    def open_snapshots(self, save_id, mode, tables):
+        """Asks every server at once to open a snapshot of each of ``tables`` ({name: rows
+        per chunk}; its share) for the save ``save_id`` of ``mode`` (0, 1, 2). On any
+        error the snapshots opened are closed again (nothing committed).
+
+        Returns:
+            {endpoint: {"totals": {table: rows}, "deleted": {table: tombstones},
+            "stats": {table: keeps statistics}}}.
+
+        Blocks until every server answered (bounded by the client timeout).
+        """
+        meta = {"save": save_id, "mode": int(mode), "tables": {n: int(r) for n, r in tables.items()}}
+        try:
+            replies = self._all({ep: ("open_snapshot", [], [], meta) for ep in self.endpoints})
+        except BaseException:
+            self.close_snapshots(save_id, commit=False, quiet=True)
+            raise
+        return {ep: reply.meta for ep, reply in replies.items()}
+
+    def close_snapshots(self, save_id, commit, quiet=False):
+        """Ends the save ``save_id`` on every server at once: ``commit`` makes each
+        snapshot its table's previous save, else they are released (nothing forgotten).
+
+        Args:
+            quiet: log errors instead of raising them (when closing after a failure,
+                whose exception is the one to report).
+
+        Raises:
+            ServerError / TransportError: a server refused or could not be reached
+                (unless ``quiet``).
+
+        Blocks until every server answered (bounded by the client timeout).
+        """
+        meta = {"save": save_id, "commit": bool(commit)}
+        try:
+            self._all({ep: ("close_snapshot", [], [], meta) for ep in self.endpoints})
+        except Exception as e:  # noqa: BLE001 - re-raised unless closing after another error
+            if not quiet:
+                raise
+            log.warning("fleet: closing the snapshots of save %s failed (%s); servers release them when this "
+                        "worker stops or is lost", save_id, e)
+
+    def pull_shard_chunks(self, pplan, row_bytes, budget=None, save=None):
+        """Yields (server index, {"ids", "values", "state.<key>", ...}) chunks of every
+        server's share of a distributed table, server by server; each server's first
+        chunk comes even when its share is empty (it carries the scalar state).
+
+        Args:
+            save: the id of a save whose snapshots ``open_snapshots`` opened: read them
+                (chunks may also hold ``stats`` and, last, ``deleted`` tombstones).
+                None: read the live table (each chunk consistent in itself).
+
+        Blocks until each chunk arrives (bounded by the client timeout).
+        """
+        rows = self.shard_rows(pplan, row_bytes, budget)
         for index, ep in enumerate(self.endpoints):
-            meta = {"table": pplan.name, "rows": int(rows)}
+            meta = {"table": pplan.name, "rows": int(rows)} if save is None else {"table": pplan.name, "save": save}
             while True:
                 reply = self._all({ep: ("pull_shard", [], [], meta)})[ep]
                 yield index, reply.as_dict()
                 if reply.meta.get("done"):
                     break
-                meta = {"table": pplan.name, "cursor": reply.meta["cursor"]}
+                if save is None:
+                    meta = {"table": pplan.name, "cursor": reply.meta["cursor"]}
 
     def checkpoint_info(self):
         """Returns {endpoint: {"dirname", "save_id", "step", "epoch"}}: the checkpoint each

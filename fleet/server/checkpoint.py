@@ -15,6 +15,12 @@ un-split too), so they load onto any number of servers:
   A table saved by local training (``t`` as a dense [rows, dim] array) loads too: row
   ``i`` is id ``i``.
 
+- a table with statistics (an entry or an accessor config): ``t@stats`` (float32 [n, 4]:
+  show, click, unseen_days, delta_score, in the order of ``t@ids``); a delta save (mode
+  1) also ``t@deleted`` (int64: the ids deleted by shrink since the table's previous
+  save). Saves read a table through a snapshot (``SnapshotCursor``), so ids, values,
+  every state and the statistics of a server are of one instant.
+
 - the learning-rate step counter: ``@LR_DECAY_COUNTER@`` (int64 [1]; the worker's own, as
   local training saves it) and ``@LR_DECAY_COUNTER@@servers`` (int64 [servers, 1], each
   server's counter, -1 where a server evaluates no schedule).
@@ -101,8 +107,9 @@ def _share_of(ids, server, servers):
     return np.concatenate(picks) if picks else np.zeros(0, np.int64)
 
 
-def _shard_state(reader, pplan, rule, server, servers):
-    """The state_dict of this server's share of a distributed table."""
+def shard_state(reader, pplan, rule, server, servers, with_stats=False):
+    """The state_dict of this server's share of a distributed table (with ``stats`` when
+    ``with_stats`` and the save has them)."""
     name, dim = pplan.name, pplan.width
     rows, scalars = _rule_keys(rule)
     templates = _scalar_templates(rule, (dim,))
@@ -117,6 +124,8 @@ def _shard_state(reader, pplan, rule, server, servers):
         for key in rows:
             arr = _need(reader, state_var(name, key) + "@values", (n, dim), templates[key].dtype)
             state[f"state.{key}"] = np.asarray(arr[sel])
+        if with_stats and name + "@stats" in reader:
+            state["stats"] = np.asarray(_need(reader, name + "@stats", (n, 4), np.float32)[sel])
     else:  # saved by local training: the whole table, row i is id i
         full = _need(reader, name, None, np.float32)
         if len(full.shape) != 2 or full.shape[1] != dim:
@@ -155,9 +164,47 @@ def load_server_state(ps, reader):
     for name, (pplan, block, table) in ps.blocks.items():
         table.load_state_dict(_block_state(reader, pplan, block, table.rule))
     for name, (pplan, table) in ps.shards.items():
-        table.load_state_dict(_shard_state(reader, pplan, table.rule, index, servers))
+        table.load_state_dict(shard_state(reader, pplan, table.rule, index, servers, _has_stats(table)))
     if ps.has_lr_schedule:
         ps.lr_step = _lr_step(reader, index, servers)
+
+
+def _has_stats(table):
+    return bool(getattr(table, "has_statistics", False))
+
+
+def apply_server_delta(ps, reader):
+    """Applies a delta save (mode 1) onto what ``ps`` holds: dense and ``is_sparse``
+    blocks are replaced (a delta holds them whole), each distributed table takes this
+    server's share of the delta's rows (upserted with their state and statistics) and
+    drops its share of the delta's tombstones (``t@deleted``).
+
+    Args:
+        ps: a ParameterServer holding the state of the save the delta follows.
+        reader: a ``VarsReader`` of the delta.
+
+    Raises:
+        ConfigError / DataError: as ``load_server_state``.
+    """
+    servers = len(ps.plan.server_endpoints)
+    index = ps.plan.server_endpoints.index(ps.endpoint)
+    for name, (pplan, block, table) in ps.blocks.items():
+        table.load_state_dict(_block_state(reader, pplan, block, table.rule))
+    for name, (pplan, table) in ps.shards.items():
+        state = shard_state(reader, pplan, table.rule, index, servers, _has_stats(table))
+        table.apply_delta(state, deleted_share(reader, name, index, servers))
+    if ps.has_lr_schedule:
+        ps.lr_step = _lr_step(reader, index, servers)
+
+
+def deleted_share(reader, table, server, servers):
+    """The ids of ``t@deleted`` (a delta's tombstones) that belong to ``server`` (empty
+    when the save has none)."""
+    name = table + "@deleted"
+    if name not in reader:
+        return np.zeros(0, np.int64)
+    ids = _need(reader, name, None, np.int64)
+    return np.ascontiguousarray(np.asarray(ids)[_share_of(ids, server, servers)])
 
 
 def _lr_step(reader, index, servers):
@@ -169,6 +216,7 @@ def _lr_step(reader, index, servers):
             return step
     counter = _need(reader, schedules.COUNTER, (1,), np.int64)
     return int(np.asarray(counter)[0])
+
 
 def initial_values(reader, plan, endpoint):
     """{param: saved whole value} (memory-mapped) of the dense and is_sparse parameters
@@ -210,3 +258,122 @@ class ShardCursor:
             n = remaining
         self.sent += n
         return chunk, self.sent >= self.limit or not chunk
+
+
+class SnapshotCursor:
+    """Reads one ``TableSnapshot`` out in chunks of at most ``rows`` rows: its rows (ids,
+    values, per-row state, statistics), then its tombstones (``deleted``, in slices of
+    ``rows``). The first chunk also carries the scalar state as of the snapshot.
+
+    Not thread-safe (the server's handler thread uses it).
+    """
+
+    def __init__(self, snapshot, rows):
+        rows = int(rows)
+        if rows < 1:
+            raise DataError(f"a table read needs rows >= 1 per chunk; got {rows}")
+        self.snapshot = snapshot
+        self.total = int(snapshot.total)
+        self.deleted = np.ascontiguousarray(snapshot.deleted, dtype=np.int64)
+        self.rows = rows
+        self.sent = 0
+        self.deleted_sent = 0
+        self._first = True
+        self._chunks = iter(snapshot.chunks(rows))
+
+    @property
+    def done(self):
+        return self.sent >= self.total and self.deleted_sent >= len(self.deleted)
+
+    def next_chunk(self):
+        """Returns (chunk {name: array}, done)."""
+        chunk = {}
+        if self._first:
+            chunk.update({f"state.{k}": np.asarray(v) for k, v in self.snapshot.scalars.items()})
+            self._first = False
+        if self.sent < self.total:
+            rows = next(self._chunks, None)
+            if rows is None:
+                raise DataError(f"the snapshot ended after {self.sent} of its {self.total} rows")
+            chunk.update(rows)
+            self.sent += len(rows["ids"])
+        elif self.deleted_sent < len(self.deleted):
+            part = self.deleted[self.deleted_sent:self.deleted_sent + self.rows]
+            chunk["deleted"] = part
+            self.deleted_sent += len(part)
+        return chunk, self.done
+
+
+class SaveSession:
+    """The snapshots one worker's save holds open on a server, one per table, all opened
+    at the same instant (``open``): read out with ``next_chunk``, then ``commit`` (each
+    becomes its table's previous save) or ``close`` (nothing forgotten).
+
+    Args:
+        save_id: the save's id (from its manifest); worker: who saves; mode: 0, 1 or 2.
+    """
+
+    def __init__(self, save_id, worker, mode, cursors):
+        self.save_id = save_id
+        self.worker = worker
+        self.mode = mode
+        self.cursors = cursors  # table -> SnapshotCursor
+
+    @classmethod
+    def open(cls, save_id, worker, mode, tables, rows):
+        """Opens a snapshot of each of ``tables`` ({name: SparseTable}), read in chunks of
+        ``rows[name]`` rows; if one fails the others are closed again.
+
+        Raises:
+            ConfigError: a table cannot take a snapshot of this mode (e.g. mode 2 without
+                statistics), as the table says.
+        """
+        cursors = {}
+        try:
+            for name, table in tables.items():
+                cursors[name] = SnapshotCursor(table.snapshot(mode), rows[name])
+        except BaseException:
+            for cursor in cursors.values():
+                cursor.snapshot.close()
+            raise
+        return cls(save_id, worker, mode, cursors)
+
+    def next_chunk(self, table):
+        """Returns (chunk, done, total) of ``table``'s snapshot.
+
+        Raises:
+            DataError: the save holds no snapshot of ``table``.
+        """
+        cursor = self.cursors.get(table)
+        if cursor is None:
+            raise DataError(f"save {self.save_id} of worker {self.worker} holds no snapshot of table {table!r}; "
+                            f"it opened {sorted(self.cursors)}")
+        chunk, done = cursor.next_chunk()
+        return chunk, done, cursor.total
+
+    def unread(self):
+        """The tables whose snapshot was not read to its end."""
+        return sorted(name for name, cursor in self.cursors.items() if not cursor.done)
+
+    def commit(self):
+        """Commits every snapshot (each table forgets the changes and tombstones saved)
+        and releases them.
+
+        Raises:
+            DataError: a snapshot was not read to its end (nothing is committed then).
+        """
+        unread = self.unread()
+        if unread:
+            self.close()
+            raise DataError(f"save {self.save_id}: the snapshots of {unread} were not read to their end, so the "
+                            f"save cannot be complete; nothing was committed (the next delta keeps every change)")
+        try:
+            for cursor in self.cursors.values():
+                cursor.snapshot.commit()
+        finally:
+            self.close()
+
+    def close(self):
+        """Releases every snapshot without committing (idempotent)."""
+        for cursor in self.cursors.values():
+            cursor.snapshot.close()

@@ -26,8 +26,13 @@ Paddle 1.x's pserver, which runs the schedule's block once at start (``RunAsyncL
 runs block 1 only when no gradient is bound to it), so its rate stays at the first value.
 
 Checkpoints (``fleet.server.checkpoint``): ``pull_state`` answers rows of blocks with
-their optimizer state, ``pull_shard`` reads a distributed table out chunk by chunk, and
-``load`` restores a server's share of a checkpoint saved whole.
+their optimizer state; a save of distributed tables sends ``open_snapshot`` (one
+point-in-time snapshot of every table of this server, opened in one handler call, so at
+the same instant), reads each with ``pull_shard`` chunk by chunk, and ends with
+``close_snapshot`` (``commit`` true once the save's directory is written: each table
+forgets the changes and tombstones it saved; false, or a worker lost or stopped first:
+the snapshots are released and nothing is forgotten). ``load`` restores a server's share
+of a checkpoint saved whole, ``apply_delta`` the share of a delta save.
 
 Liveness (every mode): a worker that stops sending heartbeats without having sent
 ``stop`` is lost (``check_liveness`` / ``fail_worker``). fleet has no elastic training, so
@@ -54,7 +59,7 @@ from fleet import schedules
 from fleet.endpoints import split_endpoint
 from fleet.errors import ConfigError, DataError, FleetError
 from fleet.rules import rule_from_op_attrs
-from fleet.server.checkpoint import ShardCursor, load_server_state
+from fleet.server.checkpoint import SaveSession, ShardCursor, apply_server_delta, load_server_state
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
 from fleet.transpiler.plan import DISTRIBUTED
@@ -133,7 +138,8 @@ class ParameterServer:
         self.requests = 0
         self.op_requests = {}  # op -> requests handled (telemetry; written by the handling thread only)
         self.last_seen = {}
-        self._cursors = {}  # (worker, table) -> ShardCursor of a table read out for saving
+        self._cursors = {}  # (worker, table) -> ShardCursor of a table read out without a snapshot
+        self._saves = {}  # worker -> SaveSession: the snapshots its save holds open
         self.loaded = {"dirname": None, "save_id": None, "step": None, "epoch": None}
         self.has_lr_schedule = self.mode != "geo" and any(
             p.lr_schedule is not None for p, _ in plan.blocks_on(endpoint))
@@ -470,6 +476,7 @@ class ParameterServer:
         if not self.stopped:
             self.first_stop = time.monotonic()  # when the wait for the other workers' stop began
         self.stopped.add(req.worker)
+        self._close_save(req.worker, "it stopped")
         self._apply_pending()  # fewer workers now fill a window
         req.reply()
         log.info("server %s: worker %d stopped (%d of %d)", self.endpoint, req.worker,
@@ -499,6 +506,7 @@ class ParameterServer:
             return
         self.lost[worker] = reason
         self.live.discard(worker)
+        self._close_save(worker, "it was lost")
         log.error("server %s: worker %d was lost: %s", self.endpoint, worker, reason)
         if self.failure is None:
             self.failure = (f"worker {worker} was lost: {reason}. The job cannot go on without its share of the "
@@ -567,10 +575,14 @@ class ParameterServer:
         out.update({name: entry[1].state_dict() for name, entry in self.shards.items()})
         return out
 
-    def load(self, reader):
+    def load(self, reader, deltas=()):
         """Loads values and optimizer state of every block and table from a checkpoint
-        (a ``fleet.framework.io.VarsReader``); see ``fleet.server.checkpoint``."""
+        (a ``fleet.framework.io.VarsReader``), then applies each delta save of ``deltas``
+        (readers, in chain order); see ``fleet.server.checkpoint``."""
         load_server_state(self, reader)
+        for delta in deltas:
+            apply_server_delta(self, delta)
+            reader = delta
         extra = reader.extra
         self.loaded = {"dirname": os.path.abspath(reader.dirname), "save_id": extra.get("save_id"),
                        "step": extra.get("step"), "epoch": extra.get("epoch")}
@@ -594,16 +606,81 @@ class ParameterServer:
                 arrays.append(arr)
         req.reply(names=names, arrays=arrays)
 
+    def _op_open_snapshot(self, req):
+        """Opens a snapshot of each distributed table of meta ``tables`` ({name: most rows
+        per chunk}) for the save meta ``save`` (its id) of meta ``mode`` (0 all rows, 1
+        delta, 2 base). A save of this worker still open is closed first, without commit.
+        Answers meta ``totals`` ({table: rows}), ``deleted`` ({table: tombstones}) and
+        ``stats`` ({table: whether it keeps statistics}).
+        """
+        save_id, mode, tables = req.meta.get("save"), req.meta.get("mode"), req.meta.get("tables")
+        if not isinstance(save_id, str) or not save_id:
+            raise DataError(f"open_snapshot needs meta 'save' (the save's id); got {save_id!r}")
+        if mode not in (0, 1, 2) or isinstance(mode, bool):
+            raise DataError(f"open_snapshot meta 'mode' must be 0, 1 or 2; got {mode!r}")
+        if not isinstance(tables, dict) or not all(
+                isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in tables.values()):
+            raise DataError(f"open_snapshot needs meta 'tables': {{table name: rows per chunk >= 1}}; got {tables!r}")
+        chosen = {name: self._shard(name)[1] for name in tables}
+        self._close_save(req.worker, "it began another save")
+        session = SaveSession.open(save_id, req.worker, mode, chosen, tables)
+        self._saves[req.worker] = session
+        req.reply(meta={"totals": {n: c.total for n, c in session.cursors.items()},
+                        "deleted": {n: len(c.deleted) for n, c in session.cursors.items()},
+                        "stats": {n: bool(getattr(t, "has_statistics", False)) for n, t in chosen.items()}})
+
+    def _op_close_snapshot(self, req):
+        """Ends the save meta ``save`` of this worker: with meta ``commit`` true every
+        snapshot is committed (its rows and tombstones become the tables' previous save;
+        refused unless every snapshot was read to its end), else released. Closing a
+        save that is not open (already closed, e.g. when it failed) is a no-op; committing
+        one is an error."""
+        save_id, commit = req.meta.get("save"), bool(req.meta.get("commit", False))
+        session = self._saves.get(req.worker)
+        if session is None or session.save_id != save_id:
+            if commit:
+                raise DataError(f"save {save_id!r} of worker {req.worker} has no snapshots open on this server "
+                                f"(closed when the worker began another save, stopped or was lost); nothing "
+                                f"was committed, so the next delta keeps every change")
+            req.reply(meta={"committed": False})
+            return
+        del self._saves[req.worker]
+        if commit:
+            session.commit()
+        else:
+            session.close()
+        req.reply(meta={"committed": commit})
+
+    def _close_save(self, worker, why):
+        session = self._saves.pop(worker, None)
+        if session is not None:
+            log.info("server %s: the snapshots of save %s of worker %d are closed without commit: %s",
+                     self.endpoint, session.save_id, worker, why)
+            session.close()
+
     def _op_pull_shard(self, req):
         """The next chunk of this server's share of a distributed table, for saving.
 
-        Meta: ``table``, ``rows`` (most rows per chunk) and ``cursor`` (absent to start a
-        read; then the ``cursor`` of the previous answer). The answer holds ``ids``,
-        ``values`` and ``state.<key>`` arrays and meta ``cursor``, ``done``, ``total``.
-        A new read by the same worker of the same table drops an unfinished one.
+        With meta ``save`` (a save opened by ``open_snapshot``): meta ``table``; the next
+        chunk of that table's snapshot, whose first chunk also carries the scalar state
+        and whose last chunks carry the tombstones (``deleted``). Without it (a read of
+        the live table, each chunk consistent in itself): meta ``rows`` (most rows per
+        chunk) and ``cursor`` (absent to start a read; then the ``cursor`` of the previous
+        answer); a new read by the same worker of the same table drops an unfinished one.
+        The answer holds ``ids``, ``values``, ``state.<key>`` (and ``stats``) arrays and
+        meta ``cursor``, ``done``, ``total``.
         """
         name = req.meta.get("table")
         _, table = self._shard(name)
+        if "save" in req.meta:
+            session = self._saves.get(req.worker)
+            if session is None or session.save_id != req.meta["save"]:
+                raise DataError(f"save {req.meta['save']!r} of worker {req.worker} has no snapshots open on "
+                                f"this server; open them with open_snapshot first")
+            chunk, done, total = session.next_chunk(name)
+            req.reply(names=list(chunk), arrays=list(chunk.values()),
+                      meta={"cursor": None, "done": done, "total": total})
+            return
         key = (req.worker, name)
         cursor_id = req.meta.get("cursor")
         if cursor_id is None:

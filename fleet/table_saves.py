@@ -1,0 +1,121 @@
+"""Saving and loading the sparse tables of local training, as a parameter-server job
+saves its distributed tables (same names, so the saves load into each other).
+
+A local table ``t`` (``fleet.runtime.local_tables()``: {name: SparseTable}) is saved from
+a snapshot as ``t@ids``, ``t@values``, ``t_<key>_0@values`` per row state, ``t_<key>_0``
+per scalar state, ``t@stats`` when it keeps statistics and ``t@deleted`` in a delta save
+(see ``fleet.server.checkpoint`` for the layout). Loading a chain loads the base into each
+table, then applies every delta in order.
+
+Thread-safety: call from the thread that trains (the tables themselves are locked).
+"""
+import contextlib
+import types
+
+import numpy as np
+
+from fleet.errors import ConfigError
+from fleet.framework import io as fio
+from fleet.framework.save_chain import BASE, DELTA
+from fleet.server.checkpoint import shard_state, deleted_share, state_var
+
+_CHUNK_ROWS = 1 << 16
+
+
+def local_tables():
+    """{table name: SparseTable} of local training (empty when it keeps none)."""
+    from fleet import runtime
+
+    get = getattr(runtime, "local_tables", None)
+    return dict(get()) if get is not None else {}
+
+
+@contextlib.contextmanager
+def open_local_snapshots(tables, mode, commit):
+    """Opens a snapshot of each table of ``tables`` ({name: SparseTable}) in ``mode``;
+    when the body ends normally (the directory written) they are committed if ``commit``
+    and released; when it raises they are released only (nothing forgotten).
+
+    Yields:
+        {name: (table, TableSnapshot)}.
+
+    Raises:
+        ConfigError: mode 2 and no table keeps statistics; a table refuses the mode.
+    """
+    if mode == BASE and not any(getattr(t, "has_statistics", False) for t in tables.values()):
+        raise ConfigError(
+            f"save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but no "
+            f"table keeps them (tables: {sorted(tables) or 'none'}): give a table an entry (fleet."
+            f"CountFilterEntry, ...) or strategy.set_sparse_table_config(...), or save with mode=0")
+    snaps = {}
+    try:
+        for name, table in tables.items():
+            snaps[name] = (table, table.snapshot(mode))
+        yield snaps
+    except BaseException:
+        for _, snap in snaps.values():
+            snap.close()
+        raise
+    try:
+        if commit:
+            for _, snap in snaps.values():
+                snap.commit()
+    finally:
+        for _, snap in snaps.values():
+            snap.close()
+
+
+def write_local_tables(writer, snapshots, mode):
+    """Writes each snapshot of ``snapshots`` (from ``open_local_snapshots``, of save mode
+    ``mode``) into ``writer`` chunk by chunk.
+
+    Returns:
+        {table: {"rows": n, "dim": d[, "deleted": m]}} for the manifest.
+    """
+    out = {}
+    for name, (table, snap) in sorted(snapshots.items()):
+        row_keys = tuple(getattr(table.rule, "row_state_names", ()))
+        streams = {"ids": writer.open_stream(name + "@ids", np.int64, ()),
+                   "values": writer.open_stream(name + "@values", np.float32, (table.dim,))}
+        for key in row_keys:
+            streams[f"state.{key}"] = writer.open_stream(state_var(name, key) + "@values", np.float32,
+                                                         (table.dim,))
+        if getattr(table, "has_statistics", False):
+            streams["stats"] = writer.open_stream(name + "@stats", np.float32, (4,))
+        for chunk in snap.chunks(_CHUNK_ROWS):
+            if len(chunk["ids"]):
+                for key, stream in streams.items():
+                    stream.append(chunk[key])
+        for stream in streams.values():
+            stream.close()
+        for key, value in snap.scalars.items():
+            writer.add(state_var(name, key), np.asarray(value))
+        out[name] = {"rows": streams["ids"].rows, "dim": table.dim}
+        if mode == DELTA:
+            writer.add(name + "@deleted", np.ascontiguousarray(snap.deleted, dtype=np.int64))
+            out[name]["deleted"] = len(snap.deleted)
+    return out
+
+
+def load_local_tables(chain, tables):
+    """Loads the chain of saves ``chain`` (directories, base first: ``resolve_chain``)
+    into ``tables`` ({name: SparseTable}): the base's rows, optimizer state and
+    statistics, then each delta's rows upserted and its tombstones deleted.
+
+    Returns:
+        The table names loaded.
+
+    Raises:
+        ConfigError: a table is not in the save, or has another width (names it).
+        DataError: a damaged file.
+    """
+    for i, dirname in enumerate(chain):
+        reader = fio.VarsReader(dirname)
+        for name, table in tables.items():
+            pplan = types.SimpleNamespace(name=name, width=table.dim)
+            state = shard_state(reader, pplan, table.rule, 0, 1, getattr(table, "has_statistics", False))
+            if i == 0:
+                table.load_state_dict(state)
+            else:
+                table.apply_delta(state, deleted_share(reader, name, 0, 1))
+    return sorted(tables)
