@@ -104,16 +104,17 @@ def test_online_stops_naming_the_missing_done_file_after_wait_timeout(procs, tmp
 
 def chain_of(model, save):
     """[(directory relative to model, mode)] of the chain ending at ``save``, base first,
-    walked back through each MANIFEST's parent link."""
+    walked back through each MANIFEST's chain record (its parent's directory is relative
+    to this save's parent directory)."""
     links = []
     current = os.path.join(model, save)
     while True:
         with open(os.path.join(current, "MANIFEST.json")) as f:
-            extra = json.load(f)["extra"]
-        links.append((os.path.relpath(current, model), extra["save_mode"]))
-        if extra["save_mode"] != 1:
+            chain = json.load(f)["extra"]["chain"]
+        links.append((os.path.relpath(current, model), chain["mode"]))
+        if chain["mode"] != 1:
             return links[::-1]
-        current = os.path.normpath(os.path.join(current, "..", extra["parent"]["dirname"]))
+        current = os.path.normpath(os.path.join(os.path.dirname(current), chain["parent"]["dirname"]))
 
 
 def test_online_killed_at_random_points_continues_from_the_last_complete_pass(procs, tmp_path):
