@@ -21,7 +21,7 @@ _FLEET_METHODS = (
     "server_index", "server_num", "worker_endpoints", "server_endpoints", "split_files",
     "barrier_worker", "distributed_optimizer", "init_worker", "init_server", "run_server",
     "stop_worker", "save_persistables", "load_persistables", "save_inference_model",
-    "load_inference_model",
+    "load_inference_model", "shrink",
 )
 _FLEET_ATTRS = ("main_program", "startup_program")
 
@@ -52,10 +52,13 @@ _EXPORTS = {
     "DistributedOptimizer": "fleet.base",
     "CollectiveStrategy": "strategies.collective",
     "HybridStrategy": "strategies.collective",
+    "CountFilterEntry": "fleet.entries",
+    "ProbabilityEntry": "fleet.entries",
+    "ShowClickEntry": "fleet.entries",
 }
 
 _SUBMODULES = {"layers", "optimizer", "initializer", "errors", "data_generator", "framework",
-               "kernels", "dataset", "regularizer", "metrics"}
+               "kernels", "dataset", "regularizer", "metrics", "entries"}
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES | set(_FLEET_METHODS) | set(_FLEET_ATTRS))
 
@@ -64,7 +67,15 @@ def _singleton():
     return importlib.import_module("fleet.base").fleet
 
 
+# Names whose use does not need the framework (resolving them stays light).
+_LIGHT = {"errors", "kernels"}
+
+
 def __getattr__(name):
+    if name not in _LIGHT:
+        # Local training serves tables with an entry or accessor in process; the executor
+        # finds them through the rewriter fleet.local_tables registers on import.
+        importlib.import_module("fleet.local_tables")
     if name in _FLEET_METHODS or name in _FLEET_ATTRS:
         return getattr(_singleton(), name)
     if name in _SUBMODULES:

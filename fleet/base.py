@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 
-from fleet import telemetry
+from fleet import local_tables, telemetry
 from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
@@ -287,8 +287,11 @@ class Fleet:
         startup = main._paired or default_startup_program()
         main._build_strategy = strategy.get_build_strategy()
         self._origin_program = main.clone(for_test=False)
+        if strategy.mode == "collective":
+            _refuse_entries(main)
         if self.is_local():
             self.main_program, self.startup_program = main, startup
+            local_tables.LOCAL.configure(main, strategy)
             return
         from fleet.runtime import build_runtime  # distributed roles only
 
@@ -337,6 +340,48 @@ class Fleet:
             self._close_group()
         if self._executor is not None:
             self._executor.close()
+
+    def shrink(self, threshold=None):
+        """Decays, ages and evicts the rows of every table that keeps statistics (Paddle
+        2.x's ``fleet.shrink``; call it once per day or pass): show and click are
+        multiplied by show_click_decay_rate, unseen_days grows by one, and rows whose
+        score falls below delete_threshold or unseen longer than
+        delete_after_unseen_days are deleted (``SparseTable.shrink``).
+
+        Distributed: every worker calls it; it flushes this worker's updates and waits
+        for every worker, then the first worker makes every server shrink, and after a
+        second barrier every worker returns the same counts. Locally: the local tables
+        (``fleet.local_tables``) shrink.
+
+        Args:
+            threshold: Paddle's argument; the thresholds are the accessor's
+                (``strategy.set_sparse_table_config(delete_threshold=...)``), so only None
+                is accepted.
+
+        Returns:
+            {table: rows deleted} (summed over the servers).
+
+        Raises:
+            ConfigError: no table keeps statistics (no entry, no accessor config), a
+                threshold, or a process that is a server or a collective worker.
+
+        Blocks: until every worker called it and every server shrank (bounded by the
+        barrier's and requests' timeouts).
+        """
+        if threshold is not None:
+            raise ConfigError(f"fleet.shrink(threshold={threshold!r}): the eviction thresholds are the tables' "
+                              f"accessor fields; set them with strategy.set_sparse_table_config("
+                              f"delete_threshold=..., delete_after_unseen_days=...) and call fleet.shrink()")
+        if self._is_initialized and not self.is_local():
+            if self.is_server():
+                raise ConfigError("fleet.shrink() is called by the workers (each of them); this process is a "
+                                  "server, which shrinks when the first worker asks")
+            if self._runtime is None or not hasattr(self._runtime, "shrink"):
+                raise ConfigError("fleet.shrink() shrinks tables kept on parameter servers: build the program "
+                                  "with a parameter-server strategy (fleet.distributed_optimizer(...).minimize) "
+                                  "and call fleet.init_worker() first")
+            return self._runtime.shrink()
+        return local_tables.LOCAL.shrink()
 
     # ------------------------------------------------------------- saving
     def _persistable_names(self, program):
@@ -624,6 +669,21 @@ class Fleet:
         loaded = load_inference_model(dirname, executor, model_filename, params_filename)
         global_scope().loaded_from = os.path.abspath(dirname)
         return loaded
+
+
+def _refuse_entries(program):
+    """Collective training keeps every table on every worker: admission and statistics,
+    which need one place that sees every worker's lookups, are refused.
+
+    Raises:
+        ConfigError: a table with an entry (names it and the strategy to use).
+    """
+    for param in program.all_parameters():
+        if getattr(param, "entry", None):
+            raise ConfigError(
+                f"table {param.name!r} has entry {param.entry!r}, which needs one table that sees every worker's "
+                f"lookups; CollectiveStrategy keeps a copy on each worker: use "
+                f"DistributedStrategyFactory.create_hybrid_strategy() (tables on parameter servers)")
 
 
 def check_saved_filename(dirname, filename):

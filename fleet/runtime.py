@@ -24,6 +24,7 @@ import weakref
 import numpy as np
 
 from fleet import telemetry
+from fleet.local_tables import local_tables  # noqa: F401  (fleet.runtime.local_tables(): the local tables)
 from fleet.communicator import make_communicator
 from fleet.errors import ConfigError, DataError, FleetTimeoutError, ServerError, TransportError
 from fleet.framework import io as fio
@@ -213,9 +214,13 @@ class WorkerRuntime:
             self.startup.training_hooks = self.comm
             self.comm.set_layout(_allreduce_attrs(self.program))
         block = self.program.global_block()
-        self.comm.set_prefetch_inputs({
-            op.attr("table"): op.input("Ids") for op in block.ops if op.type == "prefetch"
-            and all(block.vars[n].is_data for n in op.input("Ids"))})
+        # Tables whose prefetch reads only fed inputs (ids, and a ShowClickEntry's show and
+        # click) can be pulled ahead from the next batch's feed.
+        fed = [op for op in block.ops if op.type == "prefetch" and all(
+            block.vars[n].is_data for n in op.input("Ids") + op.input("Show") + op.input("Click"))]
+        self.comm.set_prefetch_inputs(
+            {op.attr("table"): op.input("Ids") for op in fed},
+            {op.attr("table"): (op.input("Show")[0], op.input("Click")[0]) for op in fed if op.input("Show")})
         self.started = False
         self.last_save = None  # (chain record, directory) of the last committed save: a delta's parent
         telemetry.TELEMETRY.attach_worker(self)
@@ -307,6 +312,30 @@ class WorkerRuntime:
     def all_to_all(self, blobs):
         self._need_started("exchanging data between workers")
         return self.comm.all_to_all(blobs)
+
+    def shrink(self):
+        """``fleet.shrink()`` on a worker: flushes, waits for every worker, the first
+        worker makes every server shrink, waits again, and returns the summed counts on
+        every worker (the others read them from the servers). Blocks (bounded).
+
+        Raises:
+            ConfigError: no table of the plan keeps statistics, or init_worker() was not
+                called.
+        """
+        self._need_started("fleet.shrink()")
+        if not self.plan.statistics_tables():
+            raise ConfigError(
+                "fleet.shrink() evicts rows of tables that keep statistics, and this job has none: give the "
+                "sparse_embedding an entry (fleet.CountFilterEntry(...)) or set its accessor with "
+                "strategy.set_sparse_table_config(...)")
+        first = self.fleet.is_first_worker()
+        self.barrier_worker()
+        deleted = self.comm.shrink(first=True) if first else None
+        self.comm.barrier_worker()
+        if deleted is None:
+            deleted = self.comm.shrink(first=False)
+        log.info("fleet: %s: shrink deleted %s", self.comm.who, deleted)
+        return deleted
 
     def _need_started(self, what):
         if not self.started:

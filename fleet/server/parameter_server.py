@@ -57,6 +57,7 @@ import numpy as np
 
 from fleet import schedules
 from fleet.endpoints import split_endpoint
+from fleet.entries import CtrAccessorConfig, entry_from_attr
 from fleet.errors import ConfigError, DataError, FleetError
 from fleet.rules import rule_from_op_attrs
 from fleet.server.checkpoint import SaveSession, ShardCursor, apply_server_delta, load_server_state
@@ -112,7 +113,7 @@ class ParameterServer:
             rule = rule_from_op_attrs(pplan.rule_type, pplan.rule_attrs)
             if pplan.kind == DISTRIBUTED:
                 table = SparseTable(pplan.name, pplan.width, rule, pplan.init_spec,
-                                    seed=pplan.seed, track_workers=track)
+                                    seed=pplan.seed, track_workers=track, **table_options(pplan))
                 self.shards[pplan.name] = (pplan, table)
                 continue
             full = initial.get(pplan.name)
@@ -147,6 +148,7 @@ class ParameterServer:
         self.updates = 0  # pushes applied (sync steps count once per worker)
         self.first_stop = None
         self._parked_since = {}  # "sync" / "barrier" / "exchange" -> when its first request was parked
+        self.last_shrink = {}  # table -> rows the last shrink deleted here
 
     # ------------------------------------------------------------------ helpers
     def _dense(self, name):
@@ -230,16 +232,38 @@ class ParameterServer:
         req.reply(names=names, arrays=out)
 
     def _op_pull_sparse(self, req):
-        """Rows of an is_sparse block (global row ids) or of the distributed shard (ids)."""
+        """Rows of an is_sparse block (global row ids) or of the distributed shard (ids).
+
+        A training pull of a table with statistics (an entry or an accessor) carries the
+        ids' "shows" and "clicks" (float32, one per id) and goes through the table's
+        ``pull_train`` (admission and statistics); a test pull (``is_test``) never creates
+        or counts."""
         table_name = req.meta["table"]
         ids = req.arrays[0]
         if table_name in self.shards:
-            _, table = self._shard(table_name)
-            values = table.pull(ids, create=not req.meta.get("is_test", False))
+            pplan, table = self._shard(table_name)
+            if req.meta.get("is_test", False):
+                values = table.pull(ids, create=False)
+            elif pplan.has_statistics:
+                shows, clicks = _pull_statistics(req, table_name, len(ids))
+                values = table.pull_train(ids, shows, clicks)
+            else:
+                values = table.pull(ids, create=True)
         else:
             _, block, table = self._dense(table_name)
             values = table.pull_rows(ids - block.row_offset)
         req.reply(names=[table_name], arrays=[values])
+
+    def _op_shrink(self, req):
+        """Shrinks every table with statistics (decay, age, evict; see
+        ``SparseTable.shrink``) and answers {"deleted": {table: rows deleted}}; with
+        meta "report" it answers the last shrink's counts instead (the workers that did
+        not ask for the shrink learn its result)."""
+        if not req.meta.get("report"):
+            self.last_shrink = {name: int(table.shrink()) for name, (pplan, table) in sorted(self.shards.items())
+                                if pplan.has_statistics}
+            log.info("server %s: shrink deleted %s", self.endpoint, self.last_shrink)
+        req.reply(meta={"deleted": dict(self.last_shrink)})
 
     def _step_lr(self):
         """One update is about to be applied: the schedule's counter steps."""
@@ -708,6 +732,44 @@ class ParameterServer:
         ``epoch`` (all None when it started fresh), and ``updates``: the pushes it has
         applied since it started."""
         req.reply(meta=dict(self.loaded, updates=self.updates))
+
+
+def table_options(pplan):
+    """The SparseTable keyword arguments of a distributed table's entry and accessor
+    (none for a plain table, which keeps no statistics)."""
+    options = {}
+    if pplan.entry is not None:
+        options["entry"] = entry_from_attr(pplan.entry)
+    if pplan.accessor is not None:
+        options["accessor"] = CtrAccessorConfig.from_dict(pplan.accessor)
+    return options
+
+
+def _pull_statistics(req, table, n):
+    """The (shows, clicks) float32 [n] arrays of a training pull of ``table`` (None, None
+    when the request has none: every id counts one show, no click).
+
+    Raises:
+        DataError: only one of them, or one that is not float32 [n] of finite values
+            >= 0 (names the table).
+    """
+    got = dict(zip(req.names[1:], req.arrays[1:]))
+    if not got:
+        return None, None
+    out = []
+    for key in ("shows", "clicks"):
+        value = got.get(key)
+        if value is None:
+            raise DataError(f"a training pull of table {table!r} carries {sorted(got)} but not {key!r}; "
+                            f"send both shows and clicks (float32, one per id) or neither")
+        if value.dtype != np.float32 or value.shape != (n,):
+            raise DataError(f"a training pull of table {table!r} has {key} of dtype {value.dtype} and shape "
+                            f"{list(value.shape)}; expected float32 [{n}] (one per id)")
+        if n and not (np.isfinite(value).all() and value.min() >= 0):
+            raise DataError(f"a training pull of table {table!r} has {key} that are negative or not finite; "
+                            f"shows and clicks are sums of counts >= 0")
+        out.append(value)
+    return out[0], out[1]
 
 
 def _grads(req):
