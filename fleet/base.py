@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 
-from fleet import local_tables, telemetry
+from fleet import local_tables, table_saves, telemetry
 from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
@@ -27,7 +27,6 @@ from fleet.framework.inference import inference_program, load_inference_model, s
 from fleet.framework.program import Program, default_main_program, default_startup_program
 from fleet.framework.save_chain import DELTA, check_save_mode, new_link, read_chain, resolve_chain
 from fleet.framework.scope import global_scope
-from fleet.table_saves import load_local_tables, local_tables, open_local_snapshots, write_local_tables
 from fleet.logs import install_default_handler
 from fleet.optimizer import Optimizer
 from role_makers import PaddleCloudRoleMaker, RoleMakerBase
@@ -505,23 +504,24 @@ class Fleet:
 
     def _save_local(self, dirname, program, meta, filename, mode, commit):
         """The local save: the program's persistables from the global scope, and the local
-        sparse tables (``fleet.runtime.local_tables()``) read through snapshots."""
+        sparse tables (``fleet.local_tables.local_tables()``) read through snapshots."""
         scope = global_scope()
-        tables = local_tables()
+        tables = local_tables.local_tables()
+        from_tables = table_saves.table_var_names(tables)
         parent, parent_dir = self._previous_local_save() if mode == DELTA else (None, None)
         meta["chain"] = new_link(mode, meta["save_id"], dirname, parent, parent_dir)
         arrays = {}
         for name in self._persistable_names(program):
             value = scope.find_var(name)
-            if value is not None and name not in tables:  # a local table is saved from its snapshot
+            if value is not None and name not in from_tables:  # a local table is saved from its snapshot
                 arrays[name] = value
         meta.update(mode=getattr(self._runtime, "save_mode", "local"), program_vars=sorted(arrays),
                     strategy={"class": type(self._strategy).__name__} if self._strategy is not None else None)
-        with open_local_snapshots(tables, mode, commit) as snapshots:
+        with table_saves.open_local_snapshots(tables, mode, commit) as snapshots:
             with fio.VarsWriter(dirname, meta, filename) as writer:
                 for name, value in arrays.items():
                     writer.add(name, value)
-                writer.extra["tables"] = write_local_tables(writer, snapshots, mode)
+                writer.extra["tables"] = table_saves.write_local_tables(writer, snapshots, mode)
         if commit:
             self._last_local_save = (meta["chain"], writer.dirname)
         return writer.dirname
@@ -544,7 +544,7 @@ class Fleet:
         Locally: every persistable variable of the program (an ``is_sparse`` or
         ``is_distributed`` table saved by a distributed job, as ``<table>@ids`` /
         ``@values``, is scattered into the local table, whose size must hold every id);
-        the local sparse tables (``fleet.runtime.local_tables()``) take their rows,
+        the local sparse tables (``fleet.local_tables.local_tables()``) take their rows,
         optimizer state and statistics. ``dirname`` may be any save of a chain
         (``save_persistables`` modes): the tables load its base, then every delta up to
         it, in order; other variables come from ``dirname`` itself (every save holds
@@ -567,9 +567,10 @@ class Fleet:
         global_scope().loaded_from = os.path.abspath(dirname)
         if self._runtime is not None and hasattr(self._runtime, "load_persistables"):
             return self._runtime.load_persistables(dirname, program)
-        tables = local_tables()
+        tables = local_tables.local_tables()
         chain = resolve_chain(dirname)
-        names = [n for n in self._persistable_names(program) if n not in tables]
+        from_tables = table_saves.table_var_names(tables)
+        names = [n for n in self._persistable_names(program) if n not in from_tables]
         manifest = fio.read_manifest(dirname)
         saved = manifest["vars"]
         by_id = [n for n in names if n not in saved and _id_keyed(n, saved) is not None]
@@ -589,7 +590,7 @@ class Fleet:
                 scope[name] = value
         for name, value in scattered.items():
             scope.find_var(name)[...] = value
-        loaded_tables = load_local_tables(chain, tables)
+        loaded_tables = table_saves.load_local_tables(chain, tables)
         return sorted(values) + sorted(scattered) + sorted(loaded_tables)
 
     def save_inference_model(self, executor, dirname, feeded_var_names, target_vars, main_program=None,

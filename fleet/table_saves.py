@@ -1,7 +1,7 @@
 """Saving and loading the sparse tables of local training, as a parameter-server job
 saves its distributed tables (same names, so the saves load into each other).
 
-A local table ``t`` (``fleet.runtime.local_tables()``: {name: SparseTable}) is saved from
+A local table ``t`` (``fleet.local_tables.local_tables()``: {name: SparseTable}) is saved from
 a snapshot as ``t@ids``, ``t@values``, ``t_<key>_0@values`` per row state, ``t_<key>_0``
 per scalar state, ``t@stats`` when it keeps statistics and ``t@deleted`` in a delta save
 (see ``fleet.server.checkpoint`` for the layout). Loading a chain loads the base into each
@@ -22,12 +22,13 @@ from fleet.server.checkpoint import shard_state, deleted_share, state_var
 _CHUNK_ROWS = 1 << 16
 
 
-def local_tables():
-    """{table name: SparseTable} of local training (empty when it keeps none)."""
-    from fleet import runtime
-
-    get = getattr(runtime, "local_tables", None)
-    return dict(get()) if get is not None else {}
+def table_var_names(tables):
+    """The program variables a save takes from the local tables instead of the scope:
+    each table and its optimizer state (``t``, ``t_<key>_0``)."""
+    names = set(tables)
+    for name, table in tables.items():
+        names.update(state_var(name, key) for key in table.rule.state_names)
+    return names
 
 
 @contextlib.contextmanager

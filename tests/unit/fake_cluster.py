@@ -91,11 +91,9 @@ def startup_values(startup):
 class Cluster:
     """n servers of ``main``'s plan (fresh from ``startup`` or loaded from ``dirname``, a
     save or the last save of a chain, as ``init_server`` loads it) and a worker
-    communicator talking to them through FakeClients. ``remake_table(pplan, table)``,
-    if given, replaces each server's distributed table before anything is loaded."""
+    communicator talking to them through FakeClients."""
 
-    def __init__(self, main, startup, strategy, n, dirname=None, max_message_bytes=1 << 30, workers=1,
-                 remake_table=None):
+    def __init__(self, main, startup, strategy, n, dirname=None, max_message_bytes=1 << 30, workers=1):
         self.plan = build_plan(main, strategy, endpoints(n), workers)
         self.servers = {}
         chain = resolve_chain(dirname) if dirname is not None else None
@@ -104,8 +102,6 @@ class Cluster:
         for ep in self.plan.server_endpoints:
             initial = fresh if reader is None else initial_values(reader, self.plan, ep)
             ps = ParameterServer(ep, self.plan, initial)
-            if remake_table is not None:
-                ps.shards = {name: (pplan, remake_table(pplan, table)) for name, (pplan, table) in ps.shards.items()}
             if reader is not None:
                 ps.load(reader, [fio.VarsReader(d) for d in chain[1:]])
             self.servers[ep] = ps

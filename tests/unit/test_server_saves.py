@@ -10,13 +10,11 @@ import pytest
 import fleet
 import fleet.framework as fw
 from fleet import layers, optimizer
-from fleet.entries import CtrAccessorConfig
 from fleet.errors import ConfigError, ServerError
 from fleet.framework import io as fio
 from fleet.framework.save_chain import read_chain
 from fleet.framework.tensor import SparseRows
 from fleet.runtime import WorkerRuntime
-from fleet.tables.sparse_table import SparseTable
 from strategies import DistributedStrategyFactory
 from fake_cluster import Cluster
 
@@ -39,15 +37,16 @@ def _program():
     return main, startup
 
 
-def _with_statistics(pplan, table):
-    return SparseTable(table.name, table.dim, table.rule, pplan.init_spec, seed=pplan.seed,
-                       accessor=CtrAccessorConfig())
+def _strategy(stats=True):
+    strategy = DistributedStrategyFactory.create_async_strategy()
+    if stats:
+        strategy.set_sparse_table_config("dtable")  # Paddle's CtrCommonAccessor defaults
+    return strategy
 
 
 def _cluster(n, dirname=None, stats=True):
     main, startup = _program()
-    cluster = Cluster(main, startup, DistributedStrategyFactory.create_async_strategy(), n, dirname,
-                      remake_table=_with_statistics if stats else None)
+    cluster = Cluster(main, startup, _strategy(stats), n, dirname)
     cluster.main = main
     return cluster
 
@@ -56,7 +55,7 @@ def _runtime(cluster):
     """A WorkerRuntime over the fake cluster (only what saving uses)."""
     runtime = WorkerRuntime.__new__(WorkerRuntime)
     runtime.started, runtime.comm, runtime.plan = True, cluster.comm, cluster.plan
-    runtime.strategy, runtime.worker_id, runtime.last_save = DistributedStrategyFactory.create_async_strategy(), 0, None
+    runtime.strategy, runtime.worker_id, runtime.last_save = _strategy(), 0, None
     return runtime
 
 
