@@ -290,6 +290,7 @@ def build(args):
 def run_worker(args, inputs, avg_cost, predict, test_program):
     """Trains every pass not done yet, in order (each after its done file appears), saving
     after each one. Returns the executor (the caller stops the worker)."""
+    os.makedirs(args.model_dir, exist_ok=True)
     progress = read_progress(args.model_dir)  # before the first barrier: no worker has moved on yet
     exe = fleet.Executor()
     exe.run(fleet.startup_program)
@@ -352,21 +353,26 @@ def run_worker(args, inputs, avg_cost, predict, test_program):
     return exe
 
 
+def serve(args, load_dir):
+    """A server: loads ``load_dir`` (any save of a chain; None: starts empty), then serves
+    until the workers stop, rewriting its status file meanwhile. Blocks."""
+    fleet.init_server(load_dir)
+    stop = threading.Event()
+    threading.Thread(target=write_server_status, args=(args.model_dir, fleet.server_index(), args.status_seconds,
+                                                       stop), daemon=True).start()
+    try:
+        fleet.run_server()
+    finally:
+        stop.set()
+
+
 def main(argv=None):
     args = parse_args(argv)
     fleet.init(PaddleCloudRoleMaker())
     inputs, avg_cost, predict, test_program = build(args)
-    os.makedirs(args.model_dir, exist_ok=True)
     if fleet.is_server():
         save = read_progress(args.model_dir)["save"]
-        fleet.init_server(os.path.join(args.model_dir, save) if save else None)
-        stop = threading.Event()
-        threading.Thread(target=write_server_status, args=(args.model_dir, fleet.server_index(),
-                                                           args.status_seconds, stop), daemon=True).start()
-        try:
-            fleet.run_server()
-        finally:
-            stop.set()
+        serve(args, os.path.join(args.model_dir, save) if save else None)
         return
     fleet.init_worker()
     try:
