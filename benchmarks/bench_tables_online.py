@@ -16,7 +16,8 @@ one JSON line:
   lookup of each of ``--probability_ids`` distinct ids, the fraction of rows created, and
   its distance from p in standard deviations of a binomial (goal: within 3).
 - ``eviction``: ``--eviction_passes`` passes trained with ``fleet.shrink()`` after every pass
-  and without shrink: per pass, rows, the server's resident memory (its VmRSS, as the
+  and without shrink (both with delete_after_unseen_days = ``--delete_after_unseen_passes``,
+  8: with a shrink per pass unseen_days counts passes, and the stream's values live 8): per pass, rows, the server's resident memory (its VmRSS, as the
   server reported it just after the pass's save) and test AUC. Goals: with shrink the rows of the last
   half of the run grow by at most 10% of the no-shrink growth (they level off), without it
   they grow linearly (the per-pass growth of the last half is at least half that of the
@@ -120,13 +121,17 @@ def probability(ps, n, seed=7):
 
 def eviction(work, data, args):
     passes = args.eviction_passes
+    # a shrink per pass makes unseen_days count passes: rows unseen for more than 8 of them
+    # (the stream's values live 8 passes) are deleted, as Paddle's 30 days are for daily shrinks
     runs = {name: run_online(f"eviction-{name}", work, data, passes, args.passes_per_day,
-                             ["--entry", "none", "--shrink", shrink], args.timeout)
+                             ["--entry", "none", "--shrink", shrink, "--delete_after_unseen_days",
+                              str(args.delete_after_unseen_passes)], args.timeout)
             for name, shrink in (("shrink", "pass"), ("no_shrink", "never"))}
     per_pass = {k: [{"pass": r["name"], "rows": table_total(r), "server_rss_mib": round(r["rss_bytes"] / 2**20, 1),
                      "table_mib": round(r["table_bytes"] / 2**20, 2),
                      "test_auc": r["test_auc"], "deleted": r.get("deleted")} for r in v] for k, v in runs.items()}
-    return {"passes": passes, "per_pass": per_pass, **growth_figures(per_pass)}
+    return {"passes": passes, "delete_after_unseen_days": args.delete_after_unseen_passes, "per_pass": per_pass,
+            **growth_figures(per_pass)}
 
 
 def growth_figures(per_pass):
@@ -171,11 +176,13 @@ def checks(result):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer and smaller passes")
-    p.add_argument("--lines_per_pass", type=int, default=20_000)
-    p.add_argument("--test_lines", type=int, default=5_000)
+    p.add_argument("--lines_per_pass", type=int, default=40_000)
+    p.add_argument("--test_lines", type=int, default=10_000)
     p.add_argument("--passes_per_day", type=int, default=4)
     p.add_argument("--admission_passes", type=int, default=8)
     p.add_argument("--eviction_passes", type=int, default=20)
+    p.add_argument("--delete_after_unseen_passes", type=int, default=8,
+                   help="eviction: the accessor's delete_after_unseen_days, in passes (one shrink per pass)")
     p.add_argument("--probabilities", default="0.1,0.5,0.9")
     p.add_argument("--probability_ids", type=int, default=200_000)
     p.add_argument("--only", default="admission,probability,eviction")

@@ -191,7 +191,10 @@ def log_event(model_dir, **event):
 
 # ------------------------------------------------------------------ figures of a pass
 def evaluate(exe, test_program, inputs, predict, files, hash_dim, batch_size=2000):
-    """Test AUC of the current model on Criteo files (nothing is counted or created)."""
+    """Test AUC of the current model on Criteo files (nothing is counted or created); None
+    without files."""
+    if not files:
+        return None
     dataset = fleet.DatasetFactory().create_dataset("QueueDataset")
     dataset.set_use_var(inputs)
     dataset.set_data_format("criteo", hash_dim=hash_dim)
@@ -203,8 +206,6 @@ def evaluate(exe, test_program, inputs, predict, files, hash_dim, batch_size=200
         p, = exe.run(test_program, feed=feed, fetch_list=[predict])
         scores.append(p[:, 1])
         labels.append(np.asarray(feed["label"]).reshape(-1))
-    if not labels:
-        return float("nan")
     return auc_score(np.concatenate(labels), np.concatenate(scores).astype(np.float64))
 
 
@@ -294,7 +295,6 @@ def run_worker(args, inputs, avg_cost, predict, test_program):
     progress = read_progress(args.model_dir)  # before the first barrier: no worker has moved on yet
     exe = fleet.Executor()
     exe.run(fleet.startup_program)
-    first = fleet.is_first_worker()
     if fleet.is_local() and progress["save"]:
         fleet.load_persistables(exe, os.path.join(args.model_dir, progress["save"]))
     dataset = fleet.DatasetFactory().create_dataset("QueueDataset")
@@ -302,19 +302,18 @@ def run_worker(args, inputs, avg_cost, predict, test_program):
     dataset.set_data_format("criteo", hash_dim=args.sparse_feature_dim)
     dataset.set_batch_size(thread_batch_size(args))
     dataset.set_thread(args.threads)
-    done = set(progress["done"])
-    trained = 0
+    done, trained = set(progress["done"]), 0
     for day, index, name in schedule(args):
         if args.stop_after and trained == args.stop_after:
             break
         if name in done:
-            if first:
+            if fleet.is_first_worker():
                 print(f"pass {name}: done before this start (progress.json), skipped", flush=True)
                 log_event(args.model_dir, event="skip", name=name)
             continue
         files = wait_for_pass(args, name, log=lambda m: print(m, flush=True))
         started = time.time()
-        if first:
+        if fleet.is_first_worker():
             log_event(args.model_dir, event="start", name=name, day=day + 1, pass_index=index + 1)
         dataset.set_filelist(fleet.split_files(files))
         summary = exe.train_from_dataset(fleet.main_program, dataset, fetch_list=[avg_cost],
@@ -325,32 +324,41 @@ def run_worker(args, inputs, avg_cost, predict, test_program):
         deleted = None
         if args.shrink == "pass" or (args.shrink == "day" and day_end):
             deleted = sum(fleet.shrink().values())  # every worker calls it; the servers shrink once
-        if first:
-            test = sorted(glob.glob(os.path.join(args.data_dir, "test", name, "*")))
-            auc = evaluate(exe, test_program, inputs, predict, test, args.sparse_feature_dim) if test else None
-            mode = args.base_mode if progress["save"] is None or day_end else 1
-            save = name
-            fleet.save_persistables(exe, os.path.join(args.model_dir, save), mode=mode)
-            rows, memory = table_rows(args.model_dir, time.time())
-            progress["done"].append(name)
-            progress["save"] = save
-            if mode != 1:
-                progress["chain_start"] = name
-            write_progress(args.model_dir, progress)  # the pass counts as done from here on
-            seconds = time.time() - started
-            record = {"event": "done", "name": name, "day": day + 1, "pass_index": index + 1, "mode": mode,
-                      "rows": rows, "deleted": deleted, "test_auc": auc, "examples": summary["examples"], **memory,
-                      "seconds": round(seconds, 3)}
-            log_event(args.model_dir, **record)
-            rows_text = ", ".join(f"{t} {n:,}" for t, n in sorted(rows.items()))
-            print(f"pass {name} (day {day + 1} pass {index + 1}): rows {rows_text}, "
-                  f"test auc {'n/a' if auc is None else f'{auc:.4f}'}, {seconds:.1f} s, "
-                  f"saved {'delta' if mode == 1 else f'base (mode {mode})'}"
-                  + ("" if deleted is None else f" after shrink ({deleted:,} rows deleted)"), flush=True)
+        if fleet.is_first_worker():
+            auc = evaluate(exe, test_program, inputs, predict,
+                           sorted(glob.glob(os.path.join(args.data_dir, "test", name, "*"))), args.sparse_feature_dim)
+            record = save_pass(exe, args, progress, name, day_end)
+            record.update(day=day + 1, pass_index=index + 1, deleted=deleted, test_auc=auc,
+                          examples=summary["examples"], seconds=round(time.time() - started, 3))
+            log_event(args.model_dir, event="done", **record)
+            print_pass(record)
         if not fleet.is_local():
             fleet.barrier_worker()  # the next pass starts from the saved state
         trained += 1
     return exe
+
+
+def save_pass(exe, args, progress, name, day_end):
+    """Saves the pass (a base when it starts a chain or ends a day, else a delta), then
+    records it in progress.json. Returns {"name", "mode", "rows", "rss_bytes", "table_bytes"}."""
+    mode = args.base_mode if progress["save"] is None or day_end else 1
+    fleet.save_persistables(exe, os.path.join(args.model_dir, name), mode=mode)
+    rows, memory = table_rows(args.model_dir, time.time())
+    progress["done"].append(name)
+    progress["save"] = name
+    if mode != 1:
+        progress["chain_start"] = name
+    write_progress(args.model_dir, progress)  # the pass counts as done from here on
+    return {"name": name, "mode": mode, "rows": rows, **memory}
+
+
+def print_pass(record):
+    rows = ", ".join(f"{t} {n:,}" for t, n in sorted(record["rows"].items()))
+    auc, deleted, mode = record["test_auc"], record["deleted"], record["mode"]
+    print(f"pass {record['name']} (day {record['day']} pass {record['pass_index']}): rows {rows}, "
+          f"test auc {'n/a' if auc is None else f'{auc:.4f}'}, {record['seconds']:.1f} s, "
+          f"saved {'delta' if mode == 1 else f'base (mode {mode})'}"
+          + ("" if deleted is None else f" after shrink ({deleted:,} rows deleted)"), flush=True)
 
 
 def serve(args, load_dir):
