@@ -8,7 +8,9 @@ unseen_days and delta_score (columns ``SHOW``, ``CLICK``, ``UNSEEN_DAYS``,
   (one pass, prefetched like ``hashtable.take_rows``);
 - ``shrink_stats``: decay show and click, age unseen_days, and mark the rows to delete;
 - ``compact_rows``: move the kept rows of a per-row array down, keeping their order;
-- ``base_rows``: the rows a base save keeps (score >= threshold, unseen_days <= keep days).
+- ``base_rows``: the rows a base save keeps (score >= threshold, unseen_days <= keep days);
+- ``rows_unique``: whether a push's rows repeat (a bitmap over the table's rows as
+  scratch), so a rule can skip merging duplicates.
 
 All kernels are ``njit(cache=True, nogil=True)``; ``*_reference`` twins use numpy.
 """
@@ -146,3 +148,30 @@ def base_rows_reference(stats, start, stop, nonclk_coeff, click_coeff, base_thre
     s = stats[start:stop]
     score = (s[:, SHOW] - s[:, CLICK]).astype(np.float64) * nonclk_coeff + s[:, CLICK].astype(np.float64) * click_coeff
     return np.flatnonzero((score >= base_threshold) & (s[:, UNSEEN_DAYS] <= keep_days)).astype(np.int64) + start
+
+
+@numba.njit(cache=True, nogil=True)
+def rows_unique(bits, rows):
+    """Returns True when no row of ``rows`` (each >= 0) repeats.
+
+    ``bits`` (uint8, one bit per table row, all zero) is scratch: bits are set while
+    scanning and cleared again before returning, so it is all zero afterwards.
+    """
+    n = len(rows)
+    stop = n
+    for i in range(n):
+        r = rows[i]
+        bit = np.uint8(1 << (r & 7))
+        if bits[r >> 3] & bit:
+            stop = i
+            break
+        bits[r >> 3] |= bit
+    for i in range(stop):
+        r = rows[i]
+        bits[r >> 3] &= np.uint8(~(1 << (r & 7)) & 0xFF)
+    return stop == n
+
+
+def rows_unique_reference(rows):
+    """Numpy twin of ``rows_unique``."""
+    return len(np.unique(rows)) == len(rows)

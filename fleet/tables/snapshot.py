@@ -14,7 +14,8 @@ Modes (Paddle's save modes): 0 every row; 1 delta: the rows changed (created, pu
 added, statistics updated) since the table's previous committed snapshot, plus
 ``deleted``, the ids deleted (shrink) since then; 2 base: rows with score >=
 base_threshold and unseen_days <= delta_keep_days. Before the first committed snapshot,
-and after a shrink (which changes every row's statistics), a delta holds every row.
+after a shrink (which changes every row's statistics) and once more than a quarter of a
+large table changed (``DELTA_LIST_ROWS``), a delta holds every row.
 Modes 1 and 2 write delta_score as 0, the value ``commit`` leaves in the table (Paddle
 resets it after such a save), so a base followed by its deltas reloads the table exactly.
 
@@ -35,6 +36,9 @@ from fleet.tables.table_state import as_ids, check_shape, need
 
 SNAPSHOT_WAIT_SECONDS = 600.0
 """How long shrink, load and a second snapshot wait for an open snapshot to close."""
+DELTA_LIST_ROWS = 1 << 20
+"""Past this many changed rows and a quarter of the table, the changed-row list (8 bytes per
+row) is dropped and the next delta holds every row: it would be a large share anyway."""
 _COMMIT_ROWS = 1 << 20
 _serial = itertools.count(1)
 
@@ -130,6 +134,13 @@ class SnapshotMixin:
         if reset:
             self._all_changed = False
 
+    def _mark_delta(self, rows):
+        """Marks ``rows`` changed for the next delta (caller holds the lock; tracking is on)."""
+        self._delta.mark(rows)
+        if len(self._delta.pending(0)) > max(DELTA_LIST_ROWS, self._index.size >> 2):
+            self._delta = ChangeTracker(1, max(self._index.size, 16))
+            self._all_changed = True
+
     def _wait_for_snapshot(self, what, timeout):
         """Waits until no snapshot is open. Caller holds the lock (released while waiting)."""
         if self._snapshot is None:
@@ -143,7 +154,9 @@ class SnapshotMixin:
 
     def _extra_memory_bytes(self, size):
         """memory_bytes() beyond values, states, index and GEO tracking. Caller holds the lock."""
-        total = 0 if self._stats_store is None else self._stats_store.memory_bytes(size)
+        total = 0
+        if self._stats_store is not None:
+            total += self._stats_store.memory_bytes(size) + self._unique_bits.memory_bytes(size // 8 + 1)
         if self._admission is not None:
             total += self._admission.memory_bytes()
         if self._delta is not None:
@@ -263,7 +276,7 @@ class TableSnapshot:
             if self._all:
                 table._all_changed = True
             else:
-                table._delta.mark(self._changed.pending(0))
+                table._mark_delta(self._changed.pending(0))
             table._deleted.append(self._tombstones)
             self._release("closed")
 

@@ -32,7 +32,8 @@ from fleet.errors import ConfigError, DataError
 from fleet.kernels import sparse
 from fleet.kernels.hashtable import HashIndex, fill_rows, init_rows, take_rows
 from fleet.kernels.reserved_array import ReservedArray
-from fleet.kernels.row_stats import STAT_COLUMNS
+from fleet.kernels.row_stats import STAT_COLUMNS, rows_unique
+from fleet.rules import unique_rows_update
 from fleet.tables.changes import ChangeTracker
 from fleet.tables.snapshot import SnapshotMixin
 from fleet.tables.statistics import StatisticsMixin
@@ -46,7 +47,8 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
 
     Thread-safe: every method takes the table's lock; the numba kernels inside release
     the GIL, so different tables update in parallel. No method blocks on anything but
-    that lock.
+    that lock, except that ``snapshot``, ``shrink``, ``load_state_dict`` and
+    ``apply_delta`` first wait (bounded) for an open snapshot to close.
 
     Args:
         name: the table's parameter name (used in messages).
@@ -104,6 +106,7 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
         self._row_template, self._scalar_state = split_state(rule, self.dim, name)
         # non-lazy Adam decays every row's moments at every push (see fleet.rules.AdamRule)
         self._rule_writes_every_row = getattr(rule, "lazy_mode", None) is False
+        self._apply_unique = unique_rows_update(rule) if self.has_statistics else None
         self._changes = ChangeTracker(track_workers, capacity) if track_workers else None
         self._make_storage(HashIndex(capacity), capacity)
 
@@ -183,7 +186,10 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
             self._before_write(rows, every_row=self._rule_writes_every_row)
             size = self._index.size
             state = self._state_view(size)
-            self.rule.apply_sparse(self._values[:size], rows, grads, state, float(lr))
+            apply = self.rule.apply_sparse
+            if self._apply_unique is not None and rows_unique(self._unique_bits.array, rows):
+                apply = self._apply_unique  # no merge needed
+            apply(self._values[:size], rows, grads, state, float(lr))
             self._keep_scalars(state)
             self._mark(rows)
 
@@ -330,7 +336,7 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
             if self.has_statistics:
                 fill_rows(self._stats, before, after, _ZERO_STATS)
             if self._delta is not None:
-                self._delta.mark_range(before, after)
+                self._mark_delta(np.arange(before, after, dtype=np.int64))
         return rows
 
     def _rows_to_write(self, ids, rows_arg):
@@ -356,7 +362,7 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
         if self._changes is not None:
             self._changes.mark(rows)
         if self._delta is not None:
-            self._delta.mark(rows)
+            self._mark_delta(rows)
 
     def _make_storage(self, index, capacity):
         """Takes ``index`` and fresh per-row arrays with room for ``capacity`` rows."""
@@ -368,6 +374,8 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
         self._row_state = {key: store.array for key, store in self._state_stores.items()}
         self._stats_store = ReservedArray((STAT_COLUMNS,), np.float32, capacity) if self.has_statistics else None
         self._stats = None if self._stats_store is None else self._stats_store.array
+        # tables with statistics (pushes of unique ids, as pull_train's) skip the merge when rows are unique
+        self._unique_bits = ReservedArray((), np.uint8, capacity // 8 + 1, zeroed=True) if self.has_statistics else None
 
     def _ensure_capacity(self, rows, size):
         """Makes room for ``rows`` rows, keeping the first ``size`` (those initialized).
@@ -379,6 +387,7 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
             self._row_state[key] = store.ensure(rows, size)
         if self._stats_store is not None:
             self._stats = self._stats_store.ensure(rows, size)
+            self._unique_bits.ensure(rows // 8 + 1, size // 8 + 1)
         if self._changes is not None:
             self._changes.ensure_rows(rows)
         if self._delta is not None:

@@ -64,7 +64,7 @@ class StatisticsMixin:
                 found = rows[rows >= 0] if self._admission is not None else rows
                 self._before_write(found)
                 if self._delta is not None:
-                    self._delta.mark(found)
+                    self._mark_delta(found)
             a = self.accessor
             take_rows_update_stats(self._values, self._stats, rows, shows, clicks,
                                    a.nonclk_coeff, a.click_coeff, out)

@@ -66,3 +66,12 @@ def test_base_rows_matches_its_reference(n, seed, threshold, keep_days):
     out = np.empty(n, dtype=np.int64)
     count = rs.base_rows(stats, start, n, 0.1, 1.0, threshold, keep_days, out)
     np.testing.assert_array_equal(out[:count], rs.base_rows_reference(stats, start, n, 0.1, 1.0, threshold, keep_days))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 200), max_size=80))
+def test_rows_unique_matches_its_reference_and_leaves_its_scratch_zero(rows):
+    rows = np.array(rows, dtype=np.int64)
+    bits = np.zeros(26, dtype=np.uint8)
+    assert rs.rows_unique(bits, rows) == rs.rows_unique_reference(rows)
+    assert not bits.any()

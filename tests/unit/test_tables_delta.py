@@ -6,6 +6,7 @@ from fleet.entries import CountFilterEntry, CtrAccessorConfig
 from fleet.errors import ConfigError
 from fleet.rules import AdagradRule, AdamRule
 from fleet.tables import SparseTable
+from fleet.tables import snapshot as snapshot_module
 
 DIM = 3
 
@@ -121,3 +122,16 @@ def test_apply_delta_checks_its_arrays():
         table.apply_delta({"ids": np.array([1]), "values": np.zeros((1, DIM), dtype=np.float32)})
     with pytest.raises(ConfigError, match=r"'values' to load is float32\[1, 2\], expected float32\[1, 3\]"):
         table.apply_delta({"ids": np.array([1]), "values": np.zeros((1, 2), dtype=np.float32)})
+
+
+def test_past_a_quarter_of_a_large_table_changed_the_next_delta_holds_every_row(monkeypatch):
+    monkeypatch.setattr(snapshot_module, "DELTA_LIST_ROWS", 10)
+    table = make_table(AdagradRule())
+    table.pull_train(np.arange(100))
+    save(table, 0)
+    table.push(np.arange(20), np.ones((20, DIM), dtype=np.float32), 0.1)
+    assert len(table._delta.pending(0)) == 20
+    table.push(np.arange(20, 30), np.ones((10, DIM), dtype=np.float32), 0.1)
+    assert len(table._delta.pending(0)) == 0  # the list was dropped ...
+    delta, _ = save(table, 1)
+    assert len(delta["ids"]) == 100  # ... for a delta of every row

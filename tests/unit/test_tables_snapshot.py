@@ -4,7 +4,7 @@ import threading
 import numpy as np
 import pytest
 
-from fleet.entries import CountFilterEntry, CtrAccessorConfig
+from fleet.entries import CtrAccessorConfig
 from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.rules import AdagradRule, AdamRule
 from fleet.tables import SparseTable
@@ -19,15 +19,12 @@ class CountedAdagrad(AdagradRule):
     a snapshot's scalars["pushes"] is the number of pushes applied before its instant.
     """
 
-    state_names = row_state_names = ("moment",)
+    state_names = ("moment", "pushes")
+    row_state_names = ("moment",)
 
     def __init__(self):
         super().__init__(epsilon=1e-6)
         self.log = []
-
-    @property
-    def state_names(self):
-        return ("moment", "pushes")
 
     def init_state(self, shape):
         return {"moment": np.zeros(shape, dtype=np.float32), "pushes": np.zeros(1, dtype=np.float64)}
@@ -84,8 +81,9 @@ def test_a_snapshot_read_while_two_workers_push_is_the_table_of_one_instant():
     for t in threads:
         t.start()
     try:
-        while len(batches[0]) < 50 or len(batches[1]) < 50:
+        while (len(batches[0]) < 50 or len(batches[1]) < 50) and all(t.is_alive() for t in threads):
             threading.Event().wait(0.001)
+        assert all(t.is_alive() for t in threads), "a worker failed"
         snap = table.snapshot(mode=0)
         # a write to rows not yet read must preserve them (deterministic, besides the workers')
         table.push(np.arange(490, 500), -np.ones((10, DIM), dtype=np.float32), 0.1)
