@@ -67,14 +67,15 @@ def _singleton():
     return importlib.import_module("fleet.base").fleet
 
 
-# Names whose use does not need the framework (resolving them stays light).
-_LIGHT = {"errors", "kernels"}
+# The submodules a script builds and runs models with. Resolving them, or any name of the
+# API above, imports fleet.local_tables, whose rewriter serves tables with an entry or
+# accessor in local training. Other names (fleet.errors, fleet.endpoints, ...: what lower
+# layers import as ``from fleet import x``) stay light.
+_MODEL_SUBMODULES = {"layers", "optimizer", "framework", "dataset", "entries"}
 
 
 def __getattr__(name):
-    if name not in _LIGHT:
-        # Local training serves tables with an entry or accessor in process; the executor
-        # finds them through the rewriter fleet.local_tables registers on import.
+    if name in _FLEET_METHODS or name in _FLEET_ATTRS or name in _EXPORTS or name in _MODEL_SUBMODULES:
         importlib.import_module("fleet.local_tables")
     if name in _FLEET_METHODS or name in _FLEET_ATTRS:
         return getattr(_singleton(), name)

@@ -24,7 +24,9 @@ gradient once per step (a split batch's parts pull separately, so an id that rea
 count in the second part reads zeros in the first: the same admissions, but that step's
 forward pass can differ from one thread's).
 
-``local_tables()`` returns the tables ({name: SparseTable}), e.g. for saving them.
+``local_tables()`` returns the tables ({name: SparseTable}), e.g. for saving them;
+``local_tables(program)`` those ``program`` reads, created empty if needed (to load a save
+into them after running the startup program, which resets them).
 Thread-safe.
 """
 import threading
@@ -115,6 +117,16 @@ class LocalTables(TrainingHooks):
         with self._lock:
             return dict(self._tables)
 
+    def tables_of(self, program):
+        """{name: SparseTable} of the served tables ``program`` reads, created if needed
+        (built as when the program runs)."""
+        out = {}
+        for name in self.served(program):
+            if any(op.type == "lookup_table" and op.input("W") == [name] for op in program.global_block().ops):
+                self._register(program, name)
+                out[name] = self._table(name)
+        return out
+
     def _table(self, name):
         with self._lock:
             table = self._tables.get(name)
@@ -158,18 +170,20 @@ class LocalTables(TrainingHooks):
         return self.served(main)
 
     def _rewrite_startup(self, startup, served):
-        """A startup program without the dense initializers of the served tables; running
-        it resets them (called right before each run, so the reset happens here)."""
+        """A startup program without the dense initializers of the served tables and of
+        their optimizer states (the local tables keep those per row); running it resets
+        the tables (called right before each run, so the reset happens here)."""
         with self._lock:
             for name in served:
                 self._tables.pop(name, None)
             cached = self._rewritten.get(startup)
             if cached is not None and cached[0] == startup._version:
                 return cached[1]
+            owned = set(served) | _optimizer_states(startup._paired, served)
             run = startup.clone(for_test=False)
             block = run.global_block()
-            block.ops[:] = [op for op in block.ops if not set(op.output_arg_names) & set(served)]
-            for name in served:
+            block.ops[:] = [op for op in block.ops if not set(op.output_arg_names) & owned]
+            for name in owned:
                 block.vars.pop(name, None)
             run.training_hooks = self
             self._rewritten[startup] = (startup._version, run)
@@ -305,6 +319,20 @@ def _is_startup(program, served):
                                               for op in program.global_block().ops)
 
 
+def _optimizer_states(main, tables):
+    """The names of the optimizer-state variables of ``tables`` in ``main`` (moments,
+    accumulators, beta powers: every input of their optimizer ops but Param, Grad and
+    LearningRate)."""
+    names = set()
+    if main is None:
+        return names
+    for op in main.global_block().ops:
+        if op.attr("op_role") == OPTIMIZE and op.input("Param") and op.input("Param")[0] in tables:
+            names.update(n for slot, vs in op.inputs.items() if slot not in ("Param", "Grad", "LearningRate")
+                         for n in vs)
+    return names
+
+
 def _optimizer_op_of(program, name):
     for candidate in (program, program._paired and program._paired._paired):
         if candidate is None:
@@ -348,8 +376,19 @@ LOCAL = LocalTables()
 set_local_rewriter(LOCAL.rewrite)
 
 
-def local_tables():
+def local_tables(program=None):
     """The local tables with an entry or accessor: {name: fleet.tables.SparseTable}, the
-    live tables (each thread-safe). Empty before a program reading one ran."""
-    return LOCAL.tables()
+    live tables (each thread-safe).
+
+    Args:
+        program: None: the tables created so far (empty before a program reading one
+            ran). A training program (or its test clone): the tables it reads, created
+            empty now if they do not exist yet (e.g. to load a save into before training).
+
+    Raises:
+        ConfigError: a table of ``program`` without an initializer of known distribution.
+    """
+    if program is None:
+        return LOCAL.tables()
+    return LOCAL.tables_of(program)
 

@@ -106,12 +106,13 @@ def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=No
         ConfigError: ids not int64, a bad size or padding_idx, an entry on a table that is
             not is_distributed, or an entry that is not one of the three.
     """
+    check_var(input, "input", "embedding")
     if entry is not None and not is_distributed:
         raise ConfigError(
             f"embedding entry={entry!r} admits ids of a table kept on the servers, but this table is not "
             f"is_distributed: pass is_distributed=True (or use fleet.layers.sparse_embedding)")
     return _lookup(input, size, bool(is_sparse or is_distributed), bool(is_distributed), padding_idx,
-                   param_attr, dtype, "embedding", _entry_attr(entry, input.block if hasattr(input, "block") else None))
+                   param_attr, dtype, "embedding", _entry_attr(entry, input.block))
 
 
 def sparse_embedding(input, size, padding_idx=None, is_test=False, entry=None,
@@ -179,7 +180,7 @@ def _entry_attr(entry, block):
         raise ConfigError(
             f"entry={entry!r}: entry must be instance in [fleet.ProbabilityEntry, fleet.CountFilterEntry, "
             f"fleet.ShowClickEntry] (Paddle's paddle.distributed entries)")
-    if isinstance(entry, ShowClickEntry) and block is not None:
+    if isinstance(entry, ShowClickEntry):
         for what, name in (("show", entry.show_name), ("click", entry.click_name)):
             if not block.has_var(name):
                 raise ConfigError(

@@ -25,6 +25,11 @@ applied, or per merged group of ``merge_pushes``); GEO workers evaluate it thems
 Paddle 1.x's pserver, which runs the schedule's block once at start (``RunAsyncLoop``
 runs block 1 only when no gradient is bound to it), so its rate stays at the first value.
 
+Tables with statistics (an entry or a CTR accessor in the plan): a training
+``pull_sparse`` goes through ``SparseTable.pull_train`` with the ids' "shows" and "clicks"
+the worker sends (checked at this boundary), a test pull creates nothing, and ``shrink``
+shrinks each such table and answers the rows deleted.
+
 Checkpoints (``fleet.server.checkpoint``): ``pull_state`` answers rows of blocks with
 their optimizer state; a save of distributed tables sends ``open_snapshot`` (one
 point-in-time snapshot of every table of this server, opened in one handler call, so at

@@ -26,7 +26,7 @@ def fresh_local_tables():
     local_tables.LOCAL.reset()
 
 
-def _model(entry, init=None, optimizer=None, seed=7):
+def _model(entry, init=None, optimizer=None, seed=7, strategy=None):
     main, startup = fw.Program(), fw.Program()
     main.random_seed = seed
     with fw.program_guard(main, startup):
@@ -39,7 +39,10 @@ def _model(entry, init=None, optimizer=None, seed=7):
         logit = layers.fc(layers.concat([pooled, show], axis=1), 1, param_attr="fc.w", bias_attr="fc.b")
         loss = layers.mean(layers.sigmoid_cross_entropy_with_logits(logit, click))
         test = main.clone(for_test=True)
-        (optimizer or SGD(0.5)).minimize(loss)
+        if strategy is not None:  # local fleet.distributed_optimizer: the strategy's accessor applies
+            fleet.distributed_optimizer(optimizer or SGD(0.5), strategy).minimize(loss)
+        else:
+            (optimizer or SGD(0.5)).minimize(loss)
     return main, startup, test, pooled, loss
 
 
@@ -115,11 +118,9 @@ def test_show_click_statistics_are_the_sums_of_the_fed_columns_from_the_batch_th
 
 def test_fleet_shrink_locally_evicts_rows_and_returns_the_count():
     fleet.init(LocalRoleMaker())
-    main, startup, _, _, loss = _model(None)
     strategy = DistributedStrategyFactory.create_sync_strategy()
     strategy.set_sparse_table_config("emb", delete_threshold=0.25)
-    with fw.program_guard(main, startup):
-        fleet.distributed_optimizer(SGD(0.5), strategy)._fleet._transpile(strategy, loss)
+    main, startup, _, _, _ = _model(None, strategy=strategy)
     exe = fleet.Executor()
     exe.run(startup)
     for feed in _batches(6):
@@ -189,3 +190,82 @@ def test_train_from_dataset_with_threads_admits_and_counts_every_occurrence_once
     admitted = uniq[counts >= 2]
     shows = table.statistics(admitted)[:, 0]
     assert (shows >= 1).all() and (shows <= counts[counts >= 2]).all()
+
+
+def test_a_table_with_an_entry_never_trains_as_a_plain_array(monkeypatch):
+    """Without fleet's local tables (a process that never resolved a fleet name) the lookup
+    refuses instead of training without admission."""
+    from fleet.framework import hooks
+
+    main, startup, _, _, _ = _model(fleet.CountFilterEntry(2))
+    monkeypatch.setattr(hooks, "_local_rewriter", None)
+    exe = fw.Executor()
+    exe.run(startup)
+    with pytest.raises(ConfigError, match=r"table 'emb' has entry 'count_filter_entry:2', so its training lookups "
+                                          r"must go through a sparse table that admits ids"):
+        exe.run(main, feed=_feed([[1]]))
+
+
+def test_collective_training_refuses_a_table_with_an_entry():
+    fleet.init(LocalRoleMaker())
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
+        emb = layers.sparse_embedding(ids, [10, 4], entry=fleet.CountFilterEntry(2), param_attr="emb")
+        loss = layers.mean(layers.sequence_pool(emb, "sum"))
+        with pytest.raises(ConfigError, match=r"CollectiveStrategy keeps a copy on each worker: use "
+                                              r"DistributedStrategyFactory.create_hybrid_strategy\(\)"):
+            fleet.distributed_optimizer(SGD(0.1), fleet.CollectiveStrategy()).minimize(loss)
+
+
+@pytest.mark.parametrize("first", ["fleet.transport", "fleet.tables", "fleet.errors", "fleet.server.parameter_server"])
+def test_lower_layers_import_first_without_pulling_in_the_local_tables(first):
+    """``from fleet import endpoints`` (and the like) in a lower layer must not import
+    fleet.local_tables, which imports the layers above them (an import cycle)."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {first}, fleet; fleet.Executor; assert 'fleet.local_tables' in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_sparse_embedding_built_with_is_test_only_reads():
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
+        emb = layers.sparse_embedding(ids, [10, 4], is_test=True, entry=fleet.CountFilterEntry(1),
+                                      param_attr=fleet.ParamAttr(name="emb", initializer=Constant(0.5)))
+        pooled = layers.sequence_pool(emb, "sum")
+    exe = fleet.Executor()
+    exe.run(startup)
+    for _ in range(2):
+        out, = exe.run(main, feed={"ids": _feed([[1, 2]])["ids"]}, fetch_list=[pooled])
+        np.testing.assert_array_equal(out, np.zeros((1, 4), np.float32))
+    assert len(local_tables.local_tables()["emb"]) == 0
+
+
+def test_the_startup_program_allocates_neither_the_table_nor_its_optimizer_state():
+    main, startup, _, _, _ = _model(fleet.CountFilterEntry(1), optimizer=Adam(0.01))
+    exe = fleet.Executor()
+    exe.run(startup)
+    names = fw.global_scope().keys()
+    assert not [n for n in names if n.startswith("emb")], sorted(names)
+    assert any(n.startswith("fc.w_moment1") for n in names)
+    exe.run(main, feed=_feed([[1, 2]]))
+    assert len(local_tables.local_tables()["emb"]) == 2
+
+
+def test_local_tables_of_a_program_builds_its_tables_before_it_runs():
+    main, startup, test, pooled, _ = _model(fleet.CountFilterEntry(3), init=Constant(0.5))
+    exe = fleet.Executor()
+    exe.run(startup)  # runs before the load: a startup run resets the tables
+    assert local_tables.local_tables() == {}
+    tables = local_tables.local_tables(main)
+    assert list(tables) == ["emb"] and len(tables["emb"]) == 0
+    assert tables["emb"].entry == fleet.CountFilterEntry(3) and type(tables["emb"].rule).__name__ == "SGDRule"
+    tables["emb"].load_state_dict({"ids": np.array([4], np.int64), "values": np.ones((1, 4), np.float32)})
+    out, = exe.run(test, feed=_feed([[4], [5]]), fetch_list=[pooled.name])  # the loaded row serves the test clone
+    np.testing.assert_array_equal(out, [[1] * 4, [0] * 4])
+    assert local_tables.local_tables(test)["emb"] is tables["emb"]
+    assert local_tables.local_tables()["emb"].contains(np.array([4]))[0]

@@ -168,3 +168,43 @@ def test_the_server_refuses_bad_statistics_naming_the_table(names, arrays, messa
     with pytest.raises(ServerError, match=message):
         client.request("pull_sparse", names, arrays, {"table": "emb", "is_test": False})
     assert len(job.shards()[0]) == 0
+
+
+@pytest.mark.parametrize("threads, lock_step", [(1, False), (2, False), (2, True)])
+def test_async_pulls_ahead_carry_each_batchs_statistics_exactly_once(tmp_path, monkeypatch, threads, lock_step):
+    """Hogwild threads pull each batch ahead (prepare_batch); threads in lock step (a Reduce
+    build strategy) pull each step's batches at once (prepare_step)."""
+    from test_local_tables import _write_dataset
+
+    monkeypatch.setenv("CPU_NUM", str(threads))
+    batches = _batches(12)
+    _write_dataset(tmp_path / "data.txt", batches)
+    main, startup, _, _, _ = _model(fleet.ShowClickEntry("show", "click"))
+    strategy = DistributedStrategyFactory.create_async_strategy()
+    strategy.set_sparse_table_config("emb", nonclk_coeff=1.0)  # every show admits: score >= 1
+    job = Job(main, startup, 2, mode="async", strategy=strategy)
+    if lock_step:
+        job.program._build_strategy = strategy.get_build_strategy()  # Reduce with CPU_NUM=2
+    runtime_inputs = {"emb": ["ids"]}
+    job.comm.set_prefetch_inputs(runtime_inputs, {"emb": ("show", "click")})
+    block = main.global_block()
+    ds = fleet.DatasetFactory().create_dataset("QueueDataset")
+    ds.set_use_var([block.var("ids"), block.var("show"), block.var("click")])
+    ds.set_batch_size(8)
+    ds.set_thread(threads)
+    ds.set_filelist([str(tmp_path / "data.txt")])
+    job.exe.train_from_dataset(job.program, ds, scope=job.scope)
+    job.comm.flush()
+    assert job.comm.stats["prefetches_ahead_used"] > 0
+    expected = {}
+    for feed in batches:
+        ids = feed["ids"]
+        example = np.repeat(np.arange(len(feed["show"])), np.diff(ids.offsets))
+        for i, e in zip(ids.values, example):
+            s, c = expected.get(int(i), (0.0, 0.0))
+            expected[int(i)] = (s + feed["show"][e, 0], c + feed["click"][e, 0])
+    rows = job.rows()
+    assert sorted(rows) == sorted(expected)
+    for row_id, (show, click) in expected.items():
+        assert tuple(rows[row_id][1][:2]) == (show, click), row_id
+    job.comm.stop()
