@@ -21,7 +21,7 @@ _FLEET_METHODS = (
     "server_index", "server_num", "worker_endpoints", "server_endpoints", "split_files",
     "barrier_worker", "distributed_optimizer", "init_worker", "init_server", "run_server",
     "stop_worker", "save_persistables", "load_persistables", "save_inference_model",
-    "load_inference_model", "shrink",
+    "load_inference_model", "shrink", "load_model",
 )
 _FLEET_ATTRS = ("main_program", "startup_program")
 

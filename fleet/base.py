@@ -25,7 +25,7 @@ from fleet.framework.executor import Executor
 from fleet.framework.hooks import set_program_rewriter
 from fleet.framework.inference import inference_program, load_inference_model, save_inference_model
 from fleet.framework.program import Program, default_main_program, default_startup_program
-from fleet.framework.save_chain import DELTA, check_save_mode, new_link, read_chain, resolve_chain
+from fleet.framework.save_chain import DELTA, check_next_delta, check_save_mode, new_link, read_chain, resolve_chain
 from fleet.framework.scope import global_scope
 from fleet.logs import install_default_handler
 from fleet.optimizer import Optimizer
@@ -504,9 +504,9 @@ class Fleet:
 
     def _save_local(self, dirname, program, meta, filename, mode, commit):
         """The local save: the program's persistables from the global scope, and the local
-        sparse tables (``fleet.local_tables.local_tables()``) read through snapshots."""
+        sparse tables (``fleet.local_tables``) read through snapshots."""
         scope = global_scope()
-        tables = local_tables.local_tables()
+        tables = table_saves.program_tables(program)
         from_tables = table_saves.table_var_names(tables)
         parent, parent_dir = self._previous_local_save() if mode == DELTA else (None, None)
         meta["chain"] = new_link(mode, meta["save_id"], dirname, parent, parent_dir)
@@ -544,7 +544,7 @@ class Fleet:
         Locally: every persistable variable of the program (an ``is_sparse`` or
         ``is_distributed`` table saved by a distributed job, as ``<table>@ids`` /
         ``@values``, is scattered into the local table, whose size must hold every id);
-        the local sparse tables (``fleet.local_tables.local_tables()``) take their rows,
+        the local sparse tables (``fleet.local_tables``) take their rows,
         optimizer state and statistics. ``dirname`` may be any save of a chain
         (``save_persistables`` modes): the tables load its base, then every delta up to
         it, in order; other variables come from ``dirname`` itself (every save holds
@@ -567,8 +567,14 @@ class Fleet:
         global_scope().loaded_from = os.path.abspath(dirname)
         if self._runtime is not None and hasattr(self._runtime, "load_persistables"):
             return self._runtime.load_persistables(dirname, program)
-        tables = local_tables.local_tables()
-        chain = resolve_chain(dirname)
+        return self._load_local(dirname, program)
+
+    def _load_local(self, dirname, program, delta_only=False):
+        """Local load: the program's variables from ``dirname`` into the global scope, the
+        local tables from its chain (``delta_only``: the one delta at ``dirname`` applied
+        onto them). The next local delta follows this save."""
+        tables = table_saves.program_tables(program)
+        chain = None if delta_only else resolve_chain(dirname)
         from_tables = table_saves.table_var_names(tables)
         names = [n for n in self._persistable_names(program) if n not in from_tables]
         manifest = fio.read_manifest(dirname)
@@ -590,8 +596,55 @@ class Fleet:
                 scope[name] = value
         for name, value in scattered.items():
             scope.find_var(name)[...] = value
-        loaded_tables = table_saves.load_local_tables(chain, tables)
-        return sorted(values) + sorted(scattered) + sorted(loaded_tables)
+        if delta_only:
+            table_saves.apply_local_delta(fio.VarsReader(dirname), tables)
+        else:
+            table_saves.load_local_tables(chain, tables)
+        self._last_local_save = (read_chain(dirname), os.path.abspath(dirname))
+        return sorted(values) + sorted(scattered) + sorted(tables)
+
+    def load_model(self, path, mode=0, main_program=None):
+        """Loads a save while the job runs (Paddle 2.x's ``fleet.load_model``): the
+        explicit way to apply deltas as they arrive.
+
+        Args:
+            path: a directory written by ``save_persistables`` (any save of a chain).
+            mode: 0 the save replaces what the tables hold (a delta: its base, then every
+                delta up to it); 1 the one delta at ``path`` is applied onto the tables,
+                and must follow the save they hold (the last one loaded or committed).
+            main_program: locally, the program whose variables and tables to load
+                (default: the one ``minimize`` built, else the default main program).
+
+        On a distributed worker every server loads (``WorkerRuntime.load_model``; call it
+        from one worker while no worker trains); locally the local tables and the
+        program's variables (as ``load_persistables``). The next delta saved follows
+        ``path``.
+
+        Returns:
+            The absolute path loaded.
+
+        Raises:
+            ConfigError: a server process, a mode other than 0 or 1, a broken chain, or a
+                delta that does not follow the save the tables hold (names both).
+        """
+        self._rm()
+        if self.is_server():
+            raise ConfigError("fleet.load_model() is for workers (servers load a save with fleet.init_server(dirname)); "
+                              "call it on one worker")
+        if self._runtime is not None and hasattr(self._runtime, "load_model"):
+            return self._runtime.load_model(path, mode)
+        if mode not in (0, 1) or isinstance(mode, bool):
+            raise ConfigError(f"load_model mode {mode!r} is not 0 (load the save, and its chain) or 1 (apply one "
+                              f"delta onto the save loaded last)")
+        program = main_program or self.main_program or default_main_program()
+        self._check_program(program, "load_model")
+        if mode == 1:
+            record, dirname = self._previous_local_save()
+            check_next_delta(fio.VarsReader(path), {"save_id": record and record["save_id"], "dirname": dirname},
+                             "the local tables")
+        self._load_local(path, program, delta_only=mode == 1)
+        global_scope().loaded_from = os.path.abspath(path)
+        return os.path.abspath(path)
 
     def save_inference_model(self, executor, dirname, feeded_var_names, target_vars, main_program=None,
                              export_for_deployment=True, model_filename=None, params_filename=None,

@@ -23,6 +23,10 @@ worker's own persistables (metric states), and the counters ``global_step`` and
 ``epoch``. What it does not: the position inside an interrupted epoch (the epoch is read
 again from its start; ``epoch_step`` in the manifest says how far it had got), nor the
 updates made after the checkpoint.
+
+Checkpoints are full saves (``save_persistables`` mode 0) that commit nothing: the next
+delta save (mode 1) of the job still holds every change since its previous committed
+save. A job resumed from a checkpoint loads it as a base, and its next delta follows it.
 """
 import logging
 import os

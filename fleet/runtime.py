@@ -15,6 +15,7 @@ heartbeats stop (``ParameterServer.check_liveness``).
 import atexit
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -32,7 +33,8 @@ from fleet.framework.executor import Executor
 from fleet.framework.hooks import set_program_rewriter
 from fleet.framework.inference import file_names, manifest_extra, persistable_names, use_saved_tables
 from fleet.framework.program import serialize_program
-from fleet.framework.save_chain import ALL, BASE, DELTA, check_save_mode, new_link, read_chain, resolve_chain
+from fleet.framework.save_chain import (ALL, BASE, DELTA, check_next_delta, check_save_mode, new_link, read_chain,
+                                       resolve_chain)
 from fleet.framework.scope import Scope, global_scope
 from fleet.logs import WaitLog
 from fleet.rules import rule_from_op_attrs
@@ -402,6 +404,37 @@ class WorkerRuntime:
             self.last_save = (meta["chain"], writer.dirname)
         return writer.dirname
 
+    def load_model(self, dirname, mode=0):
+        """Makes every server load the save at ``dirname`` while the job runs (Paddle 2.x's
+        ``fleet.load_model``): mode 0 the save, with its chain if it is a delta, replaces
+        the servers' tables and parameters; mode 1 applies the one delta at ``dirname``,
+        which must follow the save the servers loaded last. The next delta this worker
+        saves follows the loaded save. Call it from one worker while no worker trains
+        (e.g. between ``fleet.barrier_worker()`` calls); workers read the new values at
+        their next pull. Not in GEO mode, whose workers train their own copies.
+
+        Raises:
+            ConfigError: GEO mode, a mode other than 0 or 1, a broken chain, or a delta
+                that does not follow the servers' save (names both).
+        """
+        self._need_started("load_model")
+        if self.plan.mode == "geo":
+            raise ConfigError("fleet.load_model() cannot reach GEO workers' own copies of the parameters (an "
+                              "exchange sends only rows they changed): restart the job with "
+                              "fleet.init_server(dirname) to load a save")
+        if mode not in (0, 1) or isinstance(mode, bool):
+            raise ConfigError(f"load_model mode {mode!r} is not 0 (load the save, and its chain) or 1 (apply one "
+                              f"delta onto the save loaded last)")
+        path = os.path.abspath(dirname)
+        if mode == 0:
+            resolve_chain(path)  # the same errors as the servers', before asking them
+        else:
+            check_next_delta(fio.VarsReader(path), self.checkpoint_info(), "the servers")
+        self.comm.flush()
+        self.comm.load_model(path, mode)
+        self.last_save = (read_chain(path), path)
+        return path
+
     def _previous_save(self):
         """(chain record, directory) of the save a delta follows: this worker's last
         committed save, else the save the servers loaded, else (None, None)."""
@@ -515,9 +548,19 @@ def _table_row_bytes(pplan):
     return _row_bytes(1 + len(rule.row_state_names), (pplan.width,), extra=8 + 16)
 
 
-_NO_STATISTICS = ("save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but no "
-                  "distributed table keeps them (tables: {tables}): give a table an entry (fleet.CountFilterEntry, "
-                  "...) or strategy.set_sparse_table_config(...), or save with mode=0")
+def _check_base_tables(tables):
+    """Mode 2 (base) selects rows by their statistics: every table must keep them.
+
+    Raises:
+        ConfigError: a table (or no table at all) without statistics (names them and the fix).
+    """
+    lacking = [p.name for p in tables if not p.has_statistics]
+    if lacking or not tables:
+        raise ConfigError(
+            f"save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but "
+            f"{'distributed tables ' + str(lacking) + ' keep' if lacking else 'this job has no distributed table keeping'}"
+            f" none: give each table an entry (fleet.CountFilterEntry, ...) or an accessor config "
+            f"(strategy.set_sparse_table_config(table_name)), or save with mode=0")
 
 
 @contextlib.contextmanager
@@ -529,24 +572,24 @@ def table_snapshots(comm, save_id, mode, tables, commit):
     next delta still holds every change).
 
     Yields:
-        {"save": save_id, "stats": {table: kept by some server}} (None without tables).
+        {"save": save_id, "mode": mode, "stats": {table: keeps statistics}} (None
+        without tables).
+
+    Raises:
+        ConfigError: mode 2 and a table without statistics.
 
     Blocks for a round trip to every server at each end.
     """
     tables = list(tables)
+    if mode == BASE:
+        _check_base_tables(tables)
     if not tables:
-        if mode == BASE:
-            raise ConfigError(_NO_STATISTICS.format(tables="none"))
         yield None
         return
     rows = {p.name: comm.shard_rows(p, _table_row_bytes(p)) for p in tables}
-    opened = comm.open_snapshots(save_id, mode, rows)
-    stats = {p.name: any(info.get("stats", {}).get(p.name) for info in opened.values()) for p in tables}
-    if mode == BASE and not any(stats.values()):
-        comm.close_snapshots(save_id, commit=False, quiet=True)
-        raise ConfigError(_NO_STATISTICS.format(tables=sorted(stats)))
+    comm.open_snapshots(save_id, mode, rows)
     try:
-        yield {"save": save_id, "mode": mode, "stats": stats}
+        yield {"save": save_id, "mode": mode, "stats": {p.name: p.has_statistics for p in tables}}
     except BaseException:
         comm.close_snapshots(save_id, commit=False, quiet=True)
         raise

@@ -22,6 +22,19 @@ from fleet.server.checkpoint import shard_state, deleted_share, state_var
 _CHUNK_ROWS = 1 << 16
 
 
+def program_tables(program):
+    """{name: SparseTable} of ``program``'s local tables (``fleet.local_tables``: its
+    distributed tables with an entry or accessor), created (empty) if no lookup made them
+    yet, so that a save holds every table and a load has every table to fill."""
+    from fleet.local_tables import LOCAL
+
+    served = LOCAL.served(program)
+    if not served:
+        return {}
+    LOCAL.rewrite(program)  # registers how to build each table
+    return {name: LOCAL._table(name) for name in served}
+
+
 def table_var_names(tables):
     """The program variables a save takes from the local tables instead of the scope:
     each table and its optimizer state (``t``, ``t_<key>_0``)."""
@@ -41,13 +54,15 @@ def open_local_snapshots(tables, mode, commit):
         {name: (table, TableSnapshot)}.
 
     Raises:
-        ConfigError: mode 2 and no table keeps statistics; a table refuses the mode.
+        ConfigError: mode 2 and a table without statistics (or no table).
     """
-    if mode == BASE and not any(getattr(t, "has_statistics", False) for t in tables.values()):
+    lacking = sorted(name for name, t in tables.items() if not t.has_statistics)
+    if mode == BASE and (lacking or not tables):
         raise ConfigError(
-            f"save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but no "
-            f"table keeps them (tables: {sorted(tables) or 'none'}): give a table an entry (fleet."
-            f"CountFilterEntry, ...) or strategy.set_sparse_table_config(...), or save with mode=0")
+            f"save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but "
+            f"{'tables ' + str(lacking) + ' keep' if lacking else 'local training has no sparse table keeping'} "
+            f"none: give each table an entry (fleet.CountFilterEntry, ...) or an accessor config "
+            f"(strategy.set_sparse_table_config(table_name)), or save with mode=0")
     snaps = {}
     try:
         for name, table in tables.items():
@@ -112,11 +127,25 @@ def load_local_tables(chain, tables):
     """
     for i, dirname in enumerate(chain):
         reader = fio.VarsReader(dirname)
-        for name, table in tables.items():
-            pplan = types.SimpleNamespace(name=name, width=table.dim)
-            state = shard_state(reader, pplan, table.rule, 0, 1, getattr(table, "has_statistics", False))
-            if i == 0:
-                table.load_state_dict(state)
-            else:
-                table.apply_delta(state, deleted_share(reader, name, 0, 1))
+        if i == 0:
+            for name, table in tables.items():
+                table.load_state_dict(_state(reader, name, table))
+        else:
+            apply_local_delta(reader, tables)
     return sorted(tables)
+
+
+def apply_local_delta(reader, tables):
+    """Applies the delta save of ``reader`` (a ``VarsReader``) onto ``tables``: its rows
+    upserted with their state and statistics, its tombstones deleted.
+
+    Raises:
+        ConfigError: a table is not in the save, or has another width (names it).
+    """
+    for name, table in tables.items():
+        table.apply_delta(_state(reader, name, table), deleted_share(reader, name, 0, 1))
+
+
+def _state(reader, name, table):
+    pplan = types.SimpleNamespace(name=name, width=table.dim)
+    return shard_state(reader, pplan, table.rule, 0, 1, table.has_statistics)

@@ -375,6 +375,18 @@ class Communicator(CommunicatorAPI):
                 if save is None:
                     meta = {"table": pplan.name, "cursor": reply.meta["cursor"]}
 
+    def load_model(self, dirname, mode):
+        """Asks every server at once to load the save at ``dirname`` (mode 0: it and its
+        chain replace what they hold; mode 1: apply that delta). Blocks until every server
+        answered (bounded by the client timeout, FLEET_RPC_TIMEOUT_MS).
+
+        Returns:
+            {endpoint: {"dirname", "save_id", "step", "epoch"}} of what each now holds.
+        """
+        meta = {"dirname": dirname, "mode": int(mode)}
+        replies = self._all({ep: ("load_model", [], [], meta) for ep in self.endpoints})
+        return {ep: reply.meta for ep, reply in replies.items()}
+
     def checkpoint_info(self):
         """Returns {endpoint: {"dirname", "save_id", "step", "epoch"}}: the checkpoint each
         server loaded (values None for a fresh start). Blocks (bounded)."""

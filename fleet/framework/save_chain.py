@@ -132,3 +132,23 @@ def resolve_chain(dirname):
         if len(dirs) > _MAX_LINKS:
             raise ConfigError(f"the chain of {dirname!r} has more than {_MAX_LINKS} links; its manifests loop")
     return dirs
+
+
+def check_next_delta(reader, loaded, who):
+    """Checks that the save of ``reader`` (a ``VarsReader``) is a delta that follows the
+    save ``loaded`` ({"save_id", "dirname"}: what ``who`` holds), for loading it onto it.
+
+    Raises:
+        ConfigError: not a delta, or a delta of another save (names both and the fix).
+    """
+    record = chain_of(reader.manifest, reader.dirname)
+    if record.get("mode") != DELTA:
+        raise ConfigError(f"load_model({reader.dirname!r}, mode=1) applies a delta, but that directory holds a "
+                          f"mode-{record.get('mode')} save: load it with mode=0")
+    parent = (record.get("parent") or {}).get("save_id")
+    if parent != loaded.get("save_id"):
+        raise ConfigError(
+            f"load_model({reader.dirname!r}, mode=1): that delta (sequence {record.get('sequence')} of chain "
+            f"{record.get('id')}) follows save {parent}, but the save {who} hold is {loaded.get('save_id')} "
+            f"({loaded.get('dirname') or 'nothing loaded'}): apply a chain's deltas in order after the save "
+            f"loaded, or load the delta with mode=0 (its whole chain)")

@@ -279,11 +279,12 @@ class SnapshotCursor:
         self.sent = 0
         self.deleted_sent = 0
         self._first = True
+        self._rows_done = False  # the snapshot yields at least one chunk, even when empty
         self._chunks = iter(snapshot.chunks(rows))
 
     @property
     def done(self):
-        return self.sent >= self.total and self.deleted_sent >= len(self.deleted)
+        return self._rows_done and self.deleted_sent >= len(self.deleted)
 
     def next_chunk(self):
         """Returns (chunk {name: array}, done)."""
@@ -291,12 +292,13 @@ class SnapshotCursor:
         if self._first:
             chunk.update({f"state.{k}": np.asarray(v) for k, v in self.snapshot.scalars.items()})
             self._first = False
-        if self.sent < self.total:
+        if not self._rows_done:
             rows = next(self._chunks, None)
             if rows is None:
                 raise DataError(f"the snapshot ended after {self.sent} of its {self.total} rows")
             chunk.update(rows)
             self.sent += len(rows["ids"])
+            self._rows_done = self.sent >= self.total
         elif self.deleted_sent < len(self.deleted):
             part = self.deleted[self.deleted_sent:self.deleted_sent + self.rows]
             chunk["deleted"] = part
@@ -331,7 +333,8 @@ class SaveSession:
         cursors = {}
         try:
             for name, table in tables.items():
-                cursors[name] = SnapshotCursor(table.snapshot(mode), rows[name])
+                # never wait in the server's handler thread: the snapshot open is another save's
+                cursors[name] = SnapshotCursor(table.snapshot(mode, timeout=0), rows[name])
         except BaseException:
             for cursor in cursors.values():
                 cursor.snapshot.close()

@@ -65,6 +65,8 @@ from fleet.endpoints import split_endpoint
 from fleet.entries import CtrAccessorConfig, entry_from_attr
 from fleet.errors import ConfigError, DataError, FleetError
 from fleet.rules import rule_from_op_attrs
+from fleet.framework import io as fio
+from fleet.framework.save_chain import check_next_delta, resolve_chain
 from fleet.server.checkpoint import SaveSession, ShardCursor, apply_server_delta, load_server_state
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
@@ -265,6 +267,7 @@ class ParameterServer:
         meta "report" it answers the last shrink's counts instead (the workers that did
         not ask for the shrink learn its result)."""
         if not req.meta.get("report"):
+            self._refuse_while_saving("shrink")
             self.last_shrink = {name: int(table.shrink()) for name, (pplan, table) in sorted(self.shards.items())
                                 if pplan.has_statistics}
             log.info("server %s: shrink deleted %s", self.endpoint, self.last_shrink)
@@ -612,6 +615,15 @@ class ParameterServer:
         for delta in deltas:
             apply_server_delta(self, delta)
             reader = delta
+        self._loaded_from(reader)
+
+    def load_delta(self, reader):
+        """Applies the delta save of ``reader`` onto what this server holds (its link is
+        the caller's to check: ``check_next_delta``)."""
+        apply_server_delta(self, reader)
+        self._loaded_from(reader)
+
+    def _loaded_from(self, reader):
         extra = reader.extra
         self.loaded = {"dirname": os.path.abspath(reader.dirname), "save_id": extra.get("save_id"),
                        "step": extra.get("step"), "epoch": extra.get("epoch")}
@@ -679,6 +691,44 @@ class ParameterServer:
         else:
             session.close()
         req.reply(meta={"committed": commit})
+
+    def _refuse_while_saving(self, what):
+        """Tables wait for open snapshots; this thread must not, or the save holding them
+        could never be read to its end.
+
+        Raises:
+            DataError: a save is open (names it and its worker).
+        """
+        if self._saves:
+            worker, session = next(iter(self._saves.items()))
+            raise DataError(f"{what} refused: save {session.save_id} of worker {worker} holds snapshots of this "
+                            f"server's tables; {what} after that save has ended (save and {what} from the same "
+                            f"worker, or separate them with fleet.barrier_worker())")
+
+    def _op_load_model(self, req):
+        """Loads a save into this server's blocks and tables while it serves (Paddle 2.x's
+        ``fleet.load_model``): meta ``dirname`` (a directory every server can read) and
+        ``mode``: 0 the save (a delta: its chain, base first) replaces what the server
+        holds; 1 the delta at ``dirname`` is applied onto it, which must follow the save
+        this server loaded last. Answers meta as ``checkpoint_info``.
+
+        Raises:
+            ConfigError: a link of the chain is missing or out of order, or a mode-1 load
+                of a save that is not the next delta (names both saves).
+        """
+        dirname, mode = req.meta.get("dirname"), req.meta.get("mode")
+        if not isinstance(dirname, str) or not dirname or mode not in (0, 1) or isinstance(mode, bool):
+            raise DataError(f"load_model needs meta 'dirname' (a str) and 'mode' (0 or 1); got {dirname!r}, {mode!r}")
+        self._refuse_while_saving("load_model")
+        if mode == 0:
+            dirs = resolve_chain(dirname)
+            self.load(fio.VarsReader(dirs[0]), [fio.VarsReader(d) for d in dirs[1:]])
+        else:
+            reader = fio.VarsReader(dirname)
+            check_next_delta(reader, self.loaded, f"server {self.endpoint}")
+            self.load_delta(reader)
+        log.info("server %s: loaded %s (mode %d)", self.endpoint, dirname, mode)
+        req.reply(meta=dict(self.loaded))
 
     def _close_save(self, worker, why):
         session = self._saves.pop(worker, None)

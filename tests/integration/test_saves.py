@@ -16,7 +16,7 @@ from fleet.framework.save_chain import read_chain
 from fleet.rules import AdagradRule
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "saves_model.py")
-DATA_ROWS, LR = 7, 0.5
+DATA_ROWS, LR = 61, 0.5
 
 
 def _rows(dirname):
@@ -73,7 +73,9 @@ def _same(a, b, what):
 def test_saves_while_two_async_workers_push_are_one_instant_per_server_and_the_chain_reloads(fleetrun, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    run = fleetrun("--server_num", 2, "--worker_num", 2, "--log_dir", tmp_path / "log1", SCRIPT, out, timeout=60)
+    small = {**os.environ, "FLEET_MAX_MESSAGE_BYTES": "4096"}  # a table read takes many chunks, pushes between them
+    run = fleetrun("--server_num", 2, "--worker_num", 2, "--log_dir", tmp_path / "log1", SCRIPT, out, timeout=60,
+                   env=small)
     assert run.returncode == 0, run.stderr[-3000:]
     pushes = [int((out / f"pushes.{w}").read_text()) for w in (0, 1)]
     assert min(pushes) > 200

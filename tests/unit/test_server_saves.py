@@ -32,7 +32,7 @@ def _program():
         demb = layers.sequence_pool(layers.embedding(dids, size=[10, 3], is_distributed=True, param_attr=table),
                                     "sum")
         out = layers.fc(layers.concat([emb, demb, x], axis=1), 2, param_attr="w", bias_attr="b")
-        optimizer.Adam(0.01).minimize(layers.mean(out))
+        optimizer.Adam(0.01, lazy_mode=True).minimize(layers.mean(out))  # a push changes only its rows
     startup.random_seed = 5
     return main, startup
 
@@ -215,7 +215,8 @@ def test_a_delta_with_no_save_before_it_and_a_base_without_statistics_are_refuse
     with pytest.raises(ConfigError, match=r"save_persistables\(mode=1\) to .* but this job has none"):
         _save(runtime, cluster, tmp_path / "d1", 1)
     with pytest.raises(ConfigError, match=r"save_persistables\(mode=2\) saves the rows passing base_threshold, "
-                                          r"which needs statistics, but no distributed table keeps them"):
+                                          r"which needs statistics, but distributed tables \['dtable'\] keep none: "
+                                          r"give each table an entry"):
         _save(runtime, cluster, tmp_path / "b", 2)
     assert not os.path.exists(tmp_path / "d1") and not os.path.exists(tmp_path / "b")
     assert all(not ps._saves for ps in cluster.servers.values())
@@ -227,7 +228,7 @@ def test_snapshots_of_a_lost_worker_are_closed_and_cannot_be_committed():
     comm = cluster.comm
     opened = comm.open_snapshots("s1", 1, {"dtable": 8})
     assert sum(info["totals"]["dtable"] for info in opened.values()) == len(IDS)
-    with pytest.raises(ServerError, match=r"save 's1': the snapshots of \['dtable'\] were not read to their end"):
+    with pytest.raises(ServerError, match=r"save s1: the snapshots of \['dtable'\] were not read to their end"):
         comm.close_snapshots("s1", commit=True)
     comm.open_snapshots("s2", 1, {"dtable": 8})
     for ps in cluster.servers.values():
@@ -235,3 +236,31 @@ def test_snapshots_of_a_lost_worker_are_closed_and_cannot_be_committed():
         assert not ps._saves
     for table in _tables(cluster):
         table.shrink()  # no snapshot holds it up
+
+
+def test_load_model_makes_running_servers_load_a_chain_or_the_next_delta(tmp_path):
+    cluster = _cluster(2)
+    runtime = _runtime(cluster)
+    _train(cluster, IDS[:60], seed=1)
+    _save(runtime, cluster, tmp_path / "base", 0)
+    for i in (1, 2):
+        _train(cluster, IDS[20 * i:20 * i + 40], seed=1 + i)
+        _save(runtime, cluster, tmp_path / f"d{i}", 1)
+    _save(runtime, cluster, tmp_path / "full", 0, commit=False)
+    expected = _cluster(3, str(tmp_path / "full")).whole()
+
+    serving = _cluster(3, str(tmp_path / "base"))
+    worker = _runtime(serving)
+    with pytest.raises(ConfigError, match=r"mode=1\): that delta \(sequence 2 of chain \w+\) follows save \w+, but "
+                                          r"the save the servers hold is \w+ \(.*base\)"):
+        worker.load_model(str(tmp_path / "d2"), 1)
+    worker.load_model(str(tmp_path / "d1"), 1)
+    worker.load_model(str(tmp_path / "d2"), 1)
+    _assert_same(serving.whole(), expected, "base, then d1 and d2 applied by load_model(mode=1)")
+    _train(serving, IDS[:3], seed=9)
+    _save(worker, serving, tmp_path / "d3", 1)  # follows the save loaded last
+    assert read_chain(tmp_path / "d3")["parent"]["dirname"] == "d2"
+
+    fresh = _cluster(1)
+    _runtime(fresh).load_model(str(tmp_path / "d2"), 0)
+    _assert_same(fresh.whole(), _cluster(1, str(tmp_path / "full")).whole(), "load_model(d2, mode=0)")

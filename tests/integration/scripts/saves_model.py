@@ -6,9 +6,9 @@ One is_distributed table ``dtable`` (width 4, initial value 0, Adagrad) trained 
 pushes whose every gradient is 1.0, so a row's Adagrad moment counts the pushes it got
 and its value is a function of that count. Worker ``w``'s push ``j`` (j = 0, 1, ...)
 touches the counter rows ``w*1000 + 990`` and ``w*1000 + 991`` (one on each of two
-servers: id % 2) and the data row ``w*1000 + j % 7``: in a snapshot of server s taken
+servers: id % 2) and the data row ``w*1000 + j % 61``: in a snapshot of server s taken
 when it had applied J pushes of worker w, that worker's counter there counts J and its
-data rows there count J // 7 (+1 for j % 7 < J % 7).
+data rows there count J // 61 (+1 for j % 61 < J % 61).
 
 - Workers push in a thread until OUT_DIR/stop exists; meanwhile worker 0 saves a base
   (mode 0) to OUT_DIR/base and deltas (mode 1) to OUT_DIR/d1, OUT_DIR/d2, then writes
@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 import fleet
+import fleet.base
 from fleet import layers, optimizer
 from fleet.framework.tensor import SparseRows
 from role_makers import PaddleCloudRoleMaker
@@ -43,7 +44,7 @@ emb = layers.embedding(ids, size=[10, 4], is_distributed=True,
 loss = layers.mean(layers.sequence_pool(emb, "sum"))
 fleet.distributed_optimizer(optimizer.Adagrad(0.5),
                             DistributedStrategyFactory.create_async_strategy()).minimize(loss)
-DATA_ROWS = 7
+DATA_ROWS = 61
 
 
 def push_ids(worker, j):
@@ -82,8 +83,8 @@ else:
         fleet.barrier_worker()
         fleet.stop_worker()
         raise SystemExit(0)
-    comm = fleet.fleet._runtime.comm
-    grad = fleet.fleet._runtime.plan.params["dtable"].grad
+    comm = fleet.base.fleet._runtime.comm
+    grad = fleet.base.fleet._runtime.plan.params["dtable"].grad
     stop, counter = threading.Event(), [0]
     thread = threading.Thread(target=pusher, args=(comm, grad, me, stop, counter), daemon=True)
     thread.start()
