@@ -135,11 +135,15 @@ def job_pids(root):
     return [p.pid for p in psutil.Process(root).children()]
 
 
-def test_online_killed_at_random_points_continues_from_the_last_complete_pass(procs, tmp_path):
+@pytest.mark.parametrize("layout", ["local", "2 servers"])
+def test_online_killed_at_random_points_continues_from_the_last_complete_pass(procs, tmp_path, layout):
     days, per_day = 2, 3
     data, model = tmp_path / "data", tmp_path / "model"
     generate(data, days, per_day, lines=1000)
-    cmd = fleetrun_cmd(tmp_path, 2, os.path.join(EXAMPLE, "online.py"), online_args(data, model, days, per_day))
+    if layout == "local":
+        cmd = online_cmd(data, model, days, per_day)
+    else:
+        cmd = fleetrun_cmd(tmp_path, 2, os.path.join(EXAMPLE, "online.py"), online_args(data, model, days, per_day))
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     kills = []
@@ -155,7 +159,7 @@ def test_online_killed_at_random_points_continues_from_the_last_complete_pass(pr
         wait_for(lambda: rng.random() < 0.05 or len(progress(model)["done"]) > target or proc.poll() is not None,
                  30, "a random moment")
         assert proc.poll() is None, f"seed {seed}: the job ended before the kill"
-        if victim == "job":
+        if victim == "job" or layout == "local":
             os.killpg(proc.pid, signal.SIGKILL)
         else:
             os.kill(rng.choice(job_pids(proc.pid)), signal.SIGKILL)  # fleetrun then stops the others
