@@ -472,7 +472,7 @@ def write_report(path, results, args, started):
         "## Production tables on an online stream",
         "",
         f"`bench_tables_online.py`: `examples/ctr_dnn/online.py` with 1 server and 1 worker (sync, 1 thread, so "
-        f"runs are deterministic) on the long-tail drifting stream of `generate_online_data.py`, "
+        f"runs are deterministic) on the long-tail drifting stream of `examples/ctr_dnn/generate_online_data.py`, "
         f"{fmt(get(results, 'tables_online', 'lines_per_pass'))} lines per pass, test AUC on "
         f"{fmt(get(results, 'tables_online', 'test_lines'))} held-out lines of each pass. Admission: the same "
         f"{get(results, 'tables_online', 'admission', 'passes') or 'n/a'} passes without shrink, rows of the "
