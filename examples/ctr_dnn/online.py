@@ -68,6 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--wait_timeout", type=float, default=3600.0,
                    help="seconds to wait for a pass's done file before stopping with an error")
     p.add_argument("--poll_seconds", type=float, default=1.0, help="seconds between looks for a done file")
+    p.add_argument("--barrier_timeout", type=float, default=3600.0,
+                   help="seconds a worker waits at a pass's barriers: for the others to finish training it, and for "
+                        "the first worker's test and save")
     p.add_argument("--status_seconds", type=float, default=0.5,
                    help="servers rewrite <model_dir>/servers/server-<i>.json (rows, memory) this often")
     p.add_argument("--stop_after", type=int, default=0,
@@ -319,7 +322,7 @@ def run_worker(args, inputs, avg_cost, predict, test_program):
         summary = exe.train_from_dataset(fleet.main_program, dataset, fetch_list=[avg_cost],
                                          fetch_info=["loss"], print_period=0)
         if not fleet.is_local():
-            fleet.barrier_worker()  # every worker's updates of the pass are in before it is saved
+            fleet.barrier_worker(args.barrier_timeout)  # every worker's updates of the pass are in before the save
         day_end = index == args.passes_per_day - 1
         deleted = None
         if args.shrink == "pass" or (args.shrink == "day" and day_end):
@@ -333,7 +336,7 @@ def run_worker(args, inputs, avg_cost, predict, test_program):
             log_event(args.model_dir, event="done", **record)
             print_pass(record)
         if not fleet.is_local():
-            fleet.barrier_worker()  # the next pass starts from the saved state
+            fleet.barrier_worker(args.barrier_timeout)  # the next pass starts from the saved state
         trained += 1
     return exe
 
