@@ -149,7 +149,7 @@ def test_online_killed_at_random_points_continues_from_the_last_complete_pass(pr
     kills = []
     for victim, last in (("job", days * per_day - 3), ("one process", days * per_day - 1)):
         # the whole job at once (a host lost), then one process; each during pass target + 1
-        target = rng.randrange(len(progress(model)["done"]), last)
+        target = rng.randrange(min(len(progress(model)["done"]), last - 1), last)
         proc = procs.start(cmd, cwd=EXAMPLE, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: len(progress(model)["done"]) >= target or proc.poll() is not None, 90,
                  f"pass {target} to be done (seed {seed})")
