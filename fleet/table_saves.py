@@ -26,13 +26,9 @@ def program_tables(program):
     """{name: SparseTable} of ``program``'s local tables (``fleet.local_tables``: its
     distributed tables with an entry or accessor), created (empty) if no lookup made them
     yet, so that a save holds every table and a load has every table to fill."""
-    from fleet.local_tables import LOCAL
+    from fleet.local_tables import local_tables
 
-    served = LOCAL.served(program)
-    if not served:
-        return {}
-    LOCAL.rewrite(program)  # registers how to build each table
-    return {name: LOCAL._table(name) for name in served}
+    return local_tables(program)
 
 
 def table_var_names(tables):

@@ -264,3 +264,22 @@ def test_load_model_makes_running_servers_load_a_chain_or_the_next_delta(tmp_pat
     fresh = _cluster(1)
     _runtime(fresh).load_model(str(tmp_path / "d2"), 0)
     _assert_same(fresh.whole(), _cluster(1, str(tmp_path / "full")).whole(), "load_model(d2, mode=0)")
+
+
+def test_a_second_save_or_a_shrink_while_a_save_holds_snapshots_is_refused_without_waiting():
+    from fake_cluster import FakeClient
+
+    main, startup = _program()
+    cluster = Cluster(main, startup, _strategy(), 1, workers=2)
+    _train(cluster, IDS, seed=1)
+    cluster.comm.open_snapshots("s1", 0, {"dtable": 8})
+    ps = next(iter(cluster.servers.values()))
+    other = FakeClient(ps, worker_id=1)
+    with pytest.raises(ServerError, match=r"sparse table 'dtable': snapshot\(mode=0\) waited 0 s for TableSnapshot "
+                                          r"#\d+ of table 'dtable' \(mode 0, opened .*, 0 of 100 rows read, open\)"):
+        other.request("open_snapshot", meta={"save": "s2", "mode": 0, "tables": {"dtable": 8}})
+    with pytest.raises(ServerError, match=r"shrink refused: save s1 of worker 0 holds snapshots of this server's "
+                                          r"tables; shrink after that save has ended"):
+        other.request("shrink")
+    cluster.comm.close_snapshots("s1", commit=False)
+    assert other.request("shrink").meta["deleted"] == {"dtable": 100}  # score 0.1 < delete_threshold
