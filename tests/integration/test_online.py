@@ -151,6 +151,8 @@ def test_online_killed_at_random_points_continues_from_the_last_complete_pass(pr
         # the whole job at once (a host lost), then one process; each during pass target + 1
         target = rng.randrange(min(len(progress(model)["done"]), last - 1), last)
         proc = procs.start(cmd, cwd=EXAMPLE, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if layout != "local":  # every process of the job started (2 servers, 1 worker)
+            wait_for(lambda: len(job_pids(proc.pid)) == 3 or proc.poll() is not None, 30, "the job's processes")
         wait_for(lambda: len(progress(model)["done"]) >= target or proc.poll() is not None, 90,
                  f"pass {target} to be done (seed {seed})")
         assert proc.poll() is None, f"seed {seed}: the job ended before the kill"
