@@ -602,7 +602,8 @@ def write_server_params(writer, comm, params, with_state=True, snapshots=None):
 
     Dense and is_sparse parameters are written as ``p`` and ``p_<key>_0``; distributed
     tables as ``t@ids``, ``t@values``, ``t_<key>_0@values`` and, from snapshots, ``t@stats``
-    (tables with statistics) and ``t@deleted`` (delta saves) (see
+    (tables with statistics), ``t@deleted`` (delta saves) and the admission sketch
+    ``t@sketch`` / ``t@sketch@shards`` (tables with an entry) (see
     ``fleet.server.checkpoint`` for the layout and the scalar state).
 
     Args:
@@ -678,6 +679,7 @@ def _write_table(writer, comm, pplan, row_keys, scalar_keys, snapshots=None):
             deleted = writer.open_stream(pplan.name + "@deleted", np.int64, ())
     scalars = {k: [] for k in scalar_keys}
     seen = set()
+    sketches, sketch, filled = None, None, 0  # the sketch stream; the one being received
     save = None if snapshots is None else snapshots["save"]
     row_bytes = _table_row_bytes(pplan) if save else _row_bytes(1 + len(row_keys), (dim,), extra=8)
     for server, chunk in comm.pull_shard_chunks(pplan, row_bytes, save=save):
@@ -685,6 +687,19 @@ def _write_table(writer, comm, pplan, row_keys, scalar_keys, snapshots=None):
             seen.add(server)
             for key in scalar_keys:
                 scalars[key].append(np.array(chunk[f"state.{key}"]))
+        if "sketch_shape" in chunk:
+            shape = tuple(int(x) for x in chunk["sketch_shape"])
+            sketch, filled = np.empty(shape, np.uint8), 0
+        if "sketch" in chunk:
+            part = np.asarray(chunk["sketch"], dtype=np.uint8)
+            if sketch is None or filled + len(part) > sketch.size:
+                raise DataError(f"server {server} sent admission sketch counters of table {pplan.name!r} beyond "
+                                f"the sketch's shape it announced")
+            sketch.reshape(-1)[filled:filled + len(part)] = part
+            filled += len(part)
+            if filled == sketch.size:
+                sketches = _write_sketch(writer, pplan.name, sketch, len(comm.endpoints), sketches)
+                sketch = None
         if "deleted" in chunk:
             if deleted is None:
                 raise DataError(f"server {server} sent tombstones of table {pplan.name!r} in a save of another "
@@ -694,13 +709,30 @@ def _write_table(writer, comm, pplan, row_keys, scalar_keys, snapshots=None):
             continue
         for key, stream in streams.items():
             stream.append(chunk[key])
-    for stream in list(streams.values()) + ([deleted] if deleted is not None else []):
+    if sketch is not None:
+        raise DataError(f"the admission sketch of table {pplan.name!r} ended after {filled} of its {sketch.size} "
+                        f"counters")
+    for stream in list(streams.values()) + [s for s in (deleted, sketches) if s is not None]:
         stream.close()
     for key, values in scalars.items():
         writer.add(state_var(pplan.name, key), values[0])
         writer.add(state_var(pplan.name, key) + "@shards", np.stack(values))
     return {"rows": streams["ids"].rows, "dim": dim,
             **({"deleted": deleted.rows} if deleted is not None else {})}
+
+
+def _write_sketch(writer, table, sketch, servers, stream):
+    """Writes one server's admission sketch of ``table`` (uint8 [depth, width]): as
+    ``t@sketch`` for a job of one server, else appended to ``t@sketch@shards`` ([servers,
+    depth, width], server order; ``stream`` is that stream once opened). Returns the stream."""
+    sketch = np.ascontiguousarray(sketch, dtype=np.uint8)
+    if servers == 1:
+        writer.add(table + "@sketch", sketch)
+        return None
+    if stream is None:
+        stream = writer.open_stream(table + "@sketch@shards", np.uint8, sketch.shape)
+    stream.append(sketch[None])
+    return stream
 
 
 def _assign(scope, values):

@@ -3,9 +3,11 @@ saves its distributed tables (same names, so the saves load into each other).
 
 A local table ``t`` (``fleet.local_tables.local_tables()``: {name: SparseTable}) is saved from
 a snapshot as ``t@ids``, ``t@values``, ``t_<key>_0@values`` per row state, ``t_<key>_0``
-per scalar state, ``t@stats`` when it keeps statistics and ``t@deleted`` in a delta save
-(see ``fleet.server.checkpoint`` for the layout). Loading a chain loads the base into each
-table, then applies every delta in order.
+per scalar state, ``t@stats`` when it keeps statistics, ``t@sketch`` (its admission
+sketch as of the snapshot) when it has an entry, and ``t@deleted`` in a delta save (see
+``fleet.server.checkpoint`` for the layout). Loading a chain loads the base into each
+table, then applies every delta in order; the sketch is the last one the chain holds (the
+elementwise maximum of the servers' sketches for a save of a distributed job).
 
 Thread-safety: call from the thread that trains (the tables themselves are locked).
 """
@@ -17,7 +19,7 @@ import numpy as np
 from fleet.errors import ConfigError
 from fleet.framework import io as fio
 from fleet.framework.save_chain import BASE, DELTA
-from fleet.server.checkpoint import shard_state, deleted_share, state_var
+from fleet.server.checkpoint import deleted_share, load_table_sketch, shard_state, state_var
 
 _CHUNK_ROWS = 1 << 16
 
@@ -102,6 +104,8 @@ def write_local_tables(writer, snapshots, mode):
             stream.close()
         for key, value in snap.scalars.items():
             writer.add(state_var(name, key), np.asarray(value))
+        if snap.sketch is not None:
+            writer.add(name + "@sketch", snap.sketch)
         out[name] = {"rows": streams["ids"].rows, "dim": table.dim}
         if mode == DELTA:
             writer.add(name + "@deleted", np.ascontiguousarray(snap.deleted, dtype=np.int64))
@@ -126,6 +130,7 @@ def load_local_tables(chain, tables):
         if i == 0:
             for name, table in tables.items():
                 table.load_state_dict(_state(reader, name, table))
+                load_table_sketch(table, reader, name, 0, 1, base=True)
         else:
             apply_local_delta(reader, tables)
     return sorted(tables)
@@ -140,6 +145,7 @@ def apply_local_delta(reader, tables):
     """
     for name, table in tables.items():
         table.apply_delta(_state(reader, name, table), deleted_share(reader, name, 0, 1))
+        load_table_sketch(table, reader, name, 0, 1, base=False)
 
 
 def _state(reader, name, table):

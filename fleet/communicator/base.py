@@ -359,14 +359,17 @@ class Communicator(CommunicatorAPI):
 
         Args:
             save: the id of a save whose snapshots ``open_snapshots`` opened: read them
-                (chunks may also hold ``stats`` and, last, ``deleted`` tombstones).
+                (chunks may also hold ``stats``, first the admission sketch in slices of
+                at most ``budget`` bytes, ``sketch_shape`` and ``sketch``, and, last,
+                ``deleted`` tombstones).
                 None: read the live table (each chunk consistent in itself).
 
         Blocks until each chunk arrives (bounded by the client timeout).
         """
         rows = self.shard_rows(pplan, row_bytes, budget)
         for index, ep in enumerate(self.endpoints):
-            meta = {"table": pplan.name, "rows": int(rows)} if save is None else {"table": pplan.name, "save": save}
+            meta = ({"table": pplan.name, "rows": int(rows)} if save is None else
+                    {"table": pplan.name, "save": save, "bytes": int(budget or self.state_budget())})
             while True:
                 reply = self._all({ep: ("pull_shard", [], [], meta)})[ep]
                 yield index, reply.as_dict()

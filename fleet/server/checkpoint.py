@@ -21,6 +21,16 @@ un-split too), so they load onto any number of servers:
   save). Saves read a table through a snapshot (``SnapshotCursor``), so ids, values,
   every state and the statistics of a server are of one instant.
 
+- a table with an entry (admission): its count-min sketch of the candidates (ids without
+  a row) as of the snapshot, in every save mode: ``t@sketch`` (uint8 [depth, width]) when
+  saved from one server (or by local training), ``t@sketch@shards`` (uint8 [servers,
+  depth, width], in server order) from several. Loading (``load_table_sketch``): a
+  server of a save made by as many servers takes its own shard's sketch; any other
+  layout gives each table the elementwise maximum of the saved sketches (an id's
+  counters on its old server are among them, so its estimate never drops below its
+  count); a chain takes the sketch of its last save that has one; a save without one
+  leaves the sketch empty.
+
 - the learning-rate step counter: ``@LR_DECAY_COUNTER@`` (int64 [1]; the worker's own, as
   local training saves it) and ``@LR_DECAY_COUNTER@@servers`` (int64 [servers, 1], each
   server's counter, -1 where a server evaluates no schedule).
@@ -147,6 +157,53 @@ def shard_state(reader, pplan, rule, server, servers, with_stats=False):
     return {k: np.ascontiguousarray(v) for k, v in state.items()}
 
 
+def saved_sketch(reader, table, server, servers):
+    """The admission sketch of ``table`` in the save of ``reader`` for ``server`` of
+    ``servers``: its own shard's when the save was made by as many servers, else the
+    elementwise maximum of the saved sketches (read one shard at a time); None when the
+    save holds none.
+
+    Raises:
+        ConfigError: a saved sketch that is not uint8 [(servers,) depth, width].
+    """
+    one, shards = table + "@sketch", table + "@sketch@shards"
+    if shards in reader:
+        shape = reader.shape(shards)
+        if len(shape) != 3 or reader.dtype(shards) != np.uint8:
+            raise ConfigError(f"checkpoint {reader.dirname!r}: {shards!r} is {reader.dtype(shards)}{list(shape)}, "
+                              f"not uint8 [servers, depth, width]; it was not written by fleet")
+        saved = reader.get(shards)
+        if shape[0] == servers:
+            return np.array(saved[server])
+        merged = np.array(saved[0])
+        for i in range(1, shape[0]):
+            np.maximum(merged, saved[i], out=merged)
+        return merged
+    if one in reader:
+        shape = reader.shape(one)
+        if len(shape) != 2 or reader.dtype(one) != np.uint8:
+            raise ConfigError(f"checkpoint {reader.dirname!r}: {one!r} is {reader.dtype(one)}{list(shape)}, "
+                              f"not uint8 [depth, width]; it was not written by fleet")
+        return np.array(reader.get(one))
+    return None
+
+
+def load_table_sketch(table, reader, name, server, servers, base):
+    """Gives ``table`` (a SparseTable) the admission sketch ``saved_sketch`` finds; when the
+    save holds none, a base (``base`` true) leaves it empty and a delta keeps the sketch
+    the table has (a chain takes the sketch of its last save that has one). A table
+    without an entry ignores it.
+
+    Raises:
+        ConfigError: the saved sketch has another depth or width than the table's (names both).
+    """
+    if getattr(table, "sketch_shape", None) is None:
+        return
+    sketch = saved_sketch(reader, name, server, servers)
+    if sketch is not None or base:
+        table.load_sketch(sketch, f"checkpoint {reader.dirname!r}")
+
+
 def load_server_state(ps, reader):
     """Loads values and optimizer state of everything ``ps`` holds from a checkpoint.
 
@@ -165,6 +222,7 @@ def load_server_state(ps, reader):
         table.load_state_dict(_block_state(reader, pplan, block, table.rule))
     for name, (pplan, table) in ps.shards.items():
         table.load_state_dict(shard_state(reader, pplan, table.rule, index, servers, _has_stats(table)))
+        load_table_sketch(table, reader, name, index, servers, base=True)
     if ps.has_lr_schedule:
         ps.lr_step = _lr_step(reader, index, servers)
 
@@ -193,6 +251,7 @@ def apply_server_delta(ps, reader):
     for name, (pplan, table) in ps.shards.items():
         state = shard_state(reader, pplan, table.rule, index, servers, _has_stats(table))
         table.apply_delta(state, deleted_share(reader, name, index, servers))
+        load_table_sketch(table, reader, name, index, servers, base=False)
     if ps.has_lr_schedule:
         ps.lr_step = _lr_step(reader, index, servers)
 
@@ -263,7 +322,11 @@ class ShardCursor:
 class SnapshotCursor:
     """Reads one ``TableSnapshot`` out in chunks of at most ``rows`` rows: its rows (ids,
     values, per-row state, statistics), then its tombstones (``deleted``, in slices of
-    ``rows``). The first chunk also carries the scalar state as of the snapshot.
+    ``rows``). The first chunk also carries the scalar state as of the snapshot. A table
+    with an entry sends its admission sketch of the instant first: ``sketch_shape``
+    (int64 [2]: depth, width) with the first chunk, then the flattened counters in
+    ``sketch`` slices of at most ``max_bytes`` (``next_chunk``), answers of their own,
+    so a sketch larger than a message still goes through.
 
     Not thread-safe (the server's handler thread uses it).
     """
@@ -281,17 +344,34 @@ class SnapshotCursor:
         self._first = True
         self._rows_done = False  # the snapshot yields at least one chunk, even when empty
         self._chunks = iter(snapshot.chunks(rows))
+        self.sketch = None if snapshot.sketch is None else snapshot.sketch.reshape(-1)
+        self.sketch_shape = None if snapshot.sketch is None else snapshot.sketch.shape
+        self.sketch_sent = 0
 
     @property
     def done(self):
         return self._rows_done and self.deleted_sent >= len(self.deleted)
 
-    def next_chunk(self):
-        """Returns (chunk {name: array}, done)."""
+    def next_chunk(self, max_bytes=None):
+        """Returns (chunk {name: array}, done).
+
+        Args:
+            max_bytes: most bytes of the sketch per answer (None: all of it at once).
+        """
         chunk = {}
         if self._first:
             chunk.update({f"state.{k}": np.asarray(v) for k, v in self.snapshot.scalars.items()})
+            if self.sketch is not None:
+                chunk["sketch_shape"] = np.array(self.sketch_shape, dtype=np.int64)
             self._first = False
+        if self.sketch is not None and self.sketch_sent < len(self.sketch):
+            step = len(self.sketch) if max_bytes is None else max(1, int(max_bytes))
+            chunk["sketch"] = self.sketch[self.sketch_sent:self.sketch_sent + step]
+            self.sketch_sent += len(chunk["sketch"])
+            if self.sketch_sent >= len(self.sketch):
+                self.sketch = self.sketch[:0]  # sent: the copy can go
+                self.sketch_sent = 0
+            return chunk, False
         if not self._rows_done:
             rows = next(self._chunks, None)
             if rows is None:
@@ -341,8 +421,9 @@ class SaveSession:
             raise
         return cls(save_id, worker, mode, cursors)
 
-    def next_chunk(self, table):
-        """Returns (chunk, done, total) of ``table``'s snapshot.
+    def next_chunk(self, table, max_bytes=None):
+        """Returns (chunk, done, total) of ``table``'s snapshot (``max_bytes``: most bytes
+        of its admission sketch per chunk; None: all at once).
 
         Raises:
             DataError: the save holds no snapshot of ``table``.
@@ -351,7 +432,7 @@ class SaveSession:
         if cursor is None:
             raise DataError(f"save {self.save_id} of worker {self.worker} holds no snapshot of table {table!r}; "
                             f"it opened {sorted(self.cursors)}")
-        chunk, done = cursor.next_chunk()
+        chunk, done = cursor.next_chunk(max_bytes)
         return chunk, done, cursor.total
 
     def unread(self):

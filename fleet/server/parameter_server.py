@@ -741,8 +741,10 @@ class ParameterServer:
         """The next chunk of this server's share of a distributed table, for saving.
 
         With meta ``save`` (a save opened by ``open_snapshot``): meta ``table``; the next
-        chunk of that table's snapshot, whose first chunk also carries the scalar state
-        and whose last chunks carry the tombstones (``deleted``). Without it (a read of
+        chunk of that table's snapshot, whose first chunk also carries the scalar state,
+        whose first chunks carry a table's admission sketch (``sketch_shape``, then
+        ``sketch`` slices of at most meta ``bytes``, when given) and whose last chunks
+        carry the tombstones (``deleted``). Without it (a read of
         the live table, each chunk consistent in itself): meta ``rows`` (most rows per
         chunk) and ``cursor`` (absent to start a read; then the ``cursor`` of the previous
         answer); a new read by the same worker of the same table drops an unfinished one.
@@ -756,7 +758,12 @@ class ParameterServer:
             if session is None or session.save_id != req.meta["save"]:
                 raise DataError(f"save {req.meta['save']!r} of worker {req.worker} has no snapshots open on "
                                 f"this server; open them with open_snapshot first")
-            chunk, done, total = session.next_chunk(name)
+            max_bytes = req.meta.get("bytes")
+            if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool)
+                                          or max_bytes < 1):
+                raise DataError(f"pull_shard meta 'bytes' must be an int >= 1 (most bytes of the admission "
+                                f"sketch per answer); got {max_bytes!r}")
+            chunk, done, total = session.next_chunk(name, max_bytes)
             req.reply(names=list(chunk), arrays=list(chunk.values()),
                       meta={"cursor": None, "done": done, "total": total})
             return

@@ -2,9 +2,11 @@
 
 ``SparseTable.snapshot(mode)`` returns a ``TableSnapshot``: the rows, optimizer state
 and statistics of one instant (the call), read in chunks while pushes keep landing.
-Copy-on-write: opening a snapshot copies nothing (it records the row count, scalar
-state and the delta bookkeeping); the table's lock is then held per chunk read and per
-push, never for a whole copy. A write to a row the snapshot will read but has not read
+Copy-on-write: opening a snapshot copies no row (it records the row count, scalar
+state and the delta bookkeeping, and copies the admission sketch of a table with an
+entry: depth x width bytes, 16 MiB by default, so a save holds the candidates' counts of
+the same instant); the table's lock is then held per chunk read and per push, never for
+a copy of the rows. A write to a row the snapshot will read but has not read
 yet first copies that row's old value, states and statistics aside (``_PreservedRows``),
 and the snapshot reads the copy. Rows created after the instant are not in it. So every
 row of a snapshot is the row of that instant, and values, every state and statistics
@@ -176,6 +178,8 @@ class TableSnapshot:
     Attributes:
         mode: 0, 1 or 2. total: rows ``chunks`` yields. scalars: {state key: array} of
         the instant. deleted: int64 ids deleted since the previous save (mode 1; else empty).
+        sketch: uint8 [depth, width] copy of the admission sketch of the instant (every
+        mode), or None for a table without an entry.
     """
 
     def __init__(self, table, mode):
@@ -185,6 +189,8 @@ class TableSnapshot:
         self.opened = time.time()
         self._n0 = table._index.size
         self.scalars = {key: np.array(arr, copy=True) for key, arr in table._scalar_state.items()}
+        # the admission sketch of the instant (a copy: depth x width bytes, 16 MiB by default)
+        self.sketch = table._admission.state_dict()["sketch"] if table._admission is not None else None
         # hand the delta bookkeeping over: the table tracks changes after this instant afresh
         self._changed, table._delta = table._delta, ChangeTracker(1, max(self._n0, 16))
         self._all, table._all_changed = table._all_changed, False
@@ -300,6 +306,7 @@ class TableSnapshot:
     def _release(self, status):
         # the caller holds the table's lock
         self._status = status
+        self.sketch = None
         self._preserved = None
         self._changed = None
         if self.table._snapshot is self:
@@ -358,6 +365,8 @@ class TableSnapshot:
 
     def _memory_bytes(self):
         total = self._tombstones.nbytes + (0 if self._preserved is None else self._preserved.memory_bytes())
+        if self.sketch is not None:
+            total += self.sketch.nbytes
         if self._rows is not None:
             total += self._rows.nbytes
         if self._changed is not None:

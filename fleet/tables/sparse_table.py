@@ -292,6 +292,45 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
                 self._changes.ensure_rows(max(n, 16))
             self._start_delta_tracking(reset=True)
 
+    @property
+    def sketch_shape(self):
+        """(depth, width) of the admission sketch, or None for a table without an entry."""
+        return None if self._admission is None else (self._admission.depth, self._admission.width)
+
+    def sketch(self):
+        """Returns a uint8 [depth, width] copy of the admission sketch (None without an entry).
+        Thread-safe."""
+        with self._lock:
+            return None if self._admission is None else self._admission.state_dict()["sketch"]
+
+    def load_sketch(self, sketch, source="the save"):
+        """Replaces the admission sketch's counters by ``sketch`` (uint8 [depth, width]; None:
+        all zeros, as a fresh table). A table without an entry ignores it. Thread-safe.
+
+        Args:
+            source: what the sketch comes from, for the error message.
+
+        Raises:
+            ConfigError: the sketch has another shape or dtype than this table's (names
+                both and the fix).
+        """
+        if self._admission is None:
+            return
+        want = (self._admission.depth, self._admission.width)
+        if sketch is not None:
+            sketch = np.asarray(sketch)
+            if sketch.dtype != np.uint8 or sketch.shape != want:
+                raise ConfigError(
+                    f"sparse table {self.name!r}: the admission sketch of {source} is {sketch.dtype}"
+                    f"{list(sketch.shape)} (depth, width), but this table's is uint8{list(want)}; build the "
+                    f"table with the width it was saved with (sketch_width={sketch.shape[-1]}), or load "
+                    f"without the sketch (candidates' counts start from zero)")
+        with self._lock:
+            if sketch is None:
+                self._admission.load_state_dict({"sketch": np.zeros(want, np.uint8)})
+            else:
+                self._admission.load_state_dict({"sketch": sketch})
+
     # ----------------------------------------------------------------------- memory
 
     def memory_bytes(self):

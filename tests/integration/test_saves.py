@@ -7,6 +7,9 @@ The job is tests/integration/scripts/saves_model.py under fleetrun: versioned pu
 its value is a function of that count; see the script for the id scheme.
 """
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from fleet.framework.save_chain import read_chain
 from fleet.rules import AdagradRule
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "saves_model.py")
+SKETCH_SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "sketch_restart.py")
 DATA_ROWS, LR = 61, 0.5
 
 
@@ -113,3 +117,41 @@ def test_saves_while_two_async_workers_push_are_one_instant_per_server_and_the_c
 def counts_pushes(table):
     """[pushes of worker 0, of worker 1] applied, from their counter rows."""
     return [int(table[w * 1000 + 990][1][0]) for w in (0, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("servers_after", [2, 1])
+def test_a_candidate_seen_once_before_a_kill_is_admitted_by_its_second_sighting_after_the_restart(
+        procs, fleetrun, clean_env, tmp_path, servers_after):
+    from tests.integration.conftest import wait_for
+    from tests.integration.scripts.sketch_restart import NEW, ONCE, TWICE
+
+    saves, out = tmp_path / "saves", tmp_path / "out"
+    saves.mkdir()
+    job = procs.start([sys.executable, "-m", "fleet.launch", "--server_num", "2", "--worker_num", "1",
+                       "--log_dir", str(tmp_path / "log1"), SKETCH_SCRIPT, "before", str(saves)],
+                      cwd=tmp_path, env=clean_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: (saves / "saved").exists() or job.poll() is not None, 120, "the delta save of the first job")
+    assert job.poll() is None, "the first job ended before the kill"
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait(timeout=60)
+
+    delta = fio.read_vars(str(saves / "delta"))
+    sketches = delta["emb@sketch@shards"]
+    assert sketches.shape == (2, 4, 1 << 22) and sketches.dtype == np.uint8
+    assert len(delta["emb@ids"]) == 0  # ONCE: candidates, no row; TWICE: rows unchanged since the base
+    assert sorted(fio.read_vars(str(saves / "base"))["emb@ids"].tolist()) == sorted(TWICE.tolist())
+
+    run = fleetrun("--server_num", servers_after, "--worker_num", 1, "--log_dir", tmp_path / "log2", SKETCH_SCRIPT,
+                   "after", saves, out, timeout=120, env=clean_env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    saved = fio.read_vars(str(out))
+    ids = set(saved["emb@ids"].tolist())
+    assert ids == set(TWICE.tolist()) | set(ONCE.tolist())  # ONCE: admitted by its second sighting
+    assert not ids & set(NEW.tolist())  # seen once: still a candidate
+    if servers_after == 1:  # the maximum of the two saved sketches, plus NEW's sightings
+        merged = np.maximum(sketches[0], sketches[1])
+        assert (saved["emb@sketch"] >= merged).all()
+    else:
+        assert saved["emb@sketch@shards"].shape == (2, 4, 1 << 22)
+        assert (saved["emb@sketch@shards"] >= sketches).all()
