@@ -160,7 +160,7 @@ def _sketch_bytes(cluster):
     return sum(int(np.count_nonzero(t.sketch())) for t in _tables(cluster))
 
 
-def test_a_chain_takes_the_sketch_of_its_last_delta_and_a_table_without_entry_saves_none(tmp_path):
+def test_a_chain_takes_the_sketch_of_its_last_delta_and_every_mode_saves_it(tmp_path):
     cluster = _cluster(1)
     runtime = _runtime(cluster)
     _save(runtime, cluster, tmp_path / "base", 0)
@@ -178,6 +178,12 @@ def test_a_chain_takes_the_sketch_of_its_last_delta_and_a_table_without_entry_sa
     # a delta holds the sketch even when no row changed
     _save(_runtime(loaded), loaded, tmp_path / "d3", 1)
     np.testing.assert_array_equal(fio.read_vars(str(tmp_path / "d3"))["dtable@sketch"], last)
+    # and a base (mode 2) holds it too, though it leaves out every row below base_threshold
+    _save(_runtime(loaded), loaded, tmp_path / "b2", 2)
+    b2 = fio.read_vars(str(tmp_path / "b2"))
+    assert len(b2["dtable@ids"]) == 0
+    np.testing.assert_array_equal(b2["dtable@sketch"], last)
+    np.testing.assert_array_equal(_tables(_cluster(1, str(tmp_path / "b2")))[0].sketch(), last)
 
 
 def test_a_sketch_larger_than_a_message_is_read_in_slices(tmp_path):
