@@ -21,7 +21,7 @@ _FLEET_METHODS = (
     "server_index", "server_num", "worker_endpoints", "server_endpoints", "split_files",
     "barrier_worker", "distributed_optimizer", "init_worker", "init_server", "run_server",
     "stop_worker", "save_persistables", "load_persistables", "save_inference_model",
-    "load_inference_model",
+    "load_inference_model", "shrink", "load_model",
 )
 _FLEET_ATTRS = ("main_program", "startup_program")
 
@@ -52,10 +52,13 @@ _EXPORTS = {
     "DistributedOptimizer": "fleet.base",
     "CollectiveStrategy": "strategies.collective",
     "HybridStrategy": "strategies.collective",
+    "CountFilterEntry": "fleet.entries",
+    "ProbabilityEntry": "fleet.entries",
+    "ShowClickEntry": "fleet.entries",
 }
 
 _SUBMODULES = {"layers", "optimizer", "initializer", "errors", "data_generator", "framework",
-               "kernels", "dataset", "regularizer", "metrics"}
+               "kernels", "dataset", "regularizer", "metrics", "entries"}
 
 __all__ = sorted(set(_EXPORTS) | _SUBMODULES | set(_FLEET_METHODS) | set(_FLEET_ATTRS))
 
@@ -64,7 +67,16 @@ def _singleton():
     return importlib.import_module("fleet.base").fleet
 
 
+# The submodules a script builds and runs models with. Resolving them, or any name of the
+# API above, imports fleet.local_tables, whose rewriter serves tables with an entry or
+# accessor in local training. Other names (fleet.errors, fleet.endpoints, ...: what lower
+# layers import as ``from fleet import x``) stay light.
+_MODEL_SUBMODULES = {"layers", "optimizer", "framework", "dataset", "entries"}
+
+
 def __getattr__(name):
+    if name in _FLEET_METHODS or name in _FLEET_ATTRS or name in _EXPORTS or name in _MODEL_SUBMODULES:
+        importlib.import_module("fleet.local_tables")
     if name in _FLEET_METHODS or name in _FLEET_ATTRS:
         return getattr(_singleton(), name)
     if name in _SUBMODULES:

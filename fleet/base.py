@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 
-from fleet import telemetry
+from fleet import local_tables, table_saves, telemetry
 from fleet.elastic import ServerReducer, elastic_range
 from fleet.errors import ConfigError, FleetTimeoutError
 from fleet.framework import io as fio
@@ -26,6 +26,7 @@ from fleet.framework.executor import Executor
 from fleet.framework.hooks import set_program_rewriter
 from fleet.framework.inference import inference_program, load_inference_model, save_inference_model
 from fleet.framework.program import Program, default_main_program, default_startup_program
+from fleet.framework.save_chain import DELTA, check_next_delta, check_save_mode, new_link, read_chain, resolve_chain
 from fleet.framework.scope import global_scope
 from fleet.logs import install_default_handler
 from fleet.optimizer import Optimizer
@@ -299,8 +300,11 @@ class Fleet:
         startup = main._paired or default_startup_program()
         main._build_strategy = strategy.get_build_strategy()
         self._origin_program = main.clone(for_test=False)
+        if strategy.mode == "collective":
+            _refuse_entries(main)
         if self.is_local():
             self.main_program, self.startup_program = main, startup
+            local_tables.LOCAL.configure(main, strategy)
             return
         from fleet.runtime import build_runtime  # distributed roles only
 
@@ -350,6 +354,48 @@ class Fleet:
         if self._executor is not None:
             self._executor.close()
 
+    def shrink(self, threshold=None):
+        """Decays, ages and evicts the rows of every table that keeps statistics (Paddle
+        2.x's ``fleet.shrink``; call it once per day or pass): show and click are
+        multiplied by show_click_decay_rate, unseen_days grows by one, and rows whose
+        score falls below delete_threshold or unseen longer than
+        delete_after_unseen_days are deleted (``SparseTable.shrink``).
+
+        Distributed: every worker calls it; it flushes this worker's updates and waits
+        for every worker, then the first worker makes every server shrink, and after a
+        second barrier every worker returns the same counts. Locally: the local tables
+        (``fleet.local_tables``) shrink.
+
+        Args:
+            threshold: Paddle's argument; the thresholds are the accessor's
+                (``strategy.set_sparse_table_config(delete_threshold=...)``), so only None
+                is accepted.
+
+        Returns:
+            {table: rows deleted} (summed over the servers).
+
+        Raises:
+            ConfigError: no table keeps statistics (no entry, no accessor config), a
+                threshold, or a process that is a server or a collective worker.
+
+        Blocks: until every worker called it and every server shrank (bounded by the
+        barrier's and requests' timeouts).
+        """
+        if threshold is not None:
+            raise ConfigError(f"fleet.shrink(threshold={threshold!r}): the eviction thresholds are the tables' "
+                              f"accessor fields; set them with strategy.set_sparse_table_config("
+                              f"delete_threshold=..., delete_after_unseen_days=...) and call fleet.shrink()")
+        if self._is_initialized and not self.is_local():
+            if self.is_server():
+                raise ConfigError("fleet.shrink() is called by the workers (each of them); this process is a "
+                                  "server, which shrinks when the first worker asks")
+            if self._runtime is None or not hasattr(self._runtime, "shrink"):
+                raise ConfigError("fleet.shrink() shrinks tables kept on parameter servers: build the program "
+                                  "with a parameter-server strategy (fleet.distributed_optimizer(...).minimize) "
+                                  "and call fleet.init_worker() first")
+            return self._runtime.shrink()
+        return local_tables.LOCAL.shrink()
+
     # ------------------------------------------------------------- saving
     def _persistable_names(self, program):
         return [v.name for v in program.list_vars() if v.persistable and not v.is_data]
@@ -370,7 +416,7 @@ class Fleet:
         if not isinstance(program, Program):
             raise TypeError(f"in fleet.{what}() function, main_program must be as Program type")
 
-    def save_persistables(self, executor, dirname, main_program=None, filename=None):
+    def save_persistables(self, executor, dirname, main_program=None, mode=0, filename=None):
         """Saves every parameter and its optimizer state to ``dirname`` atomically (see
         ``fleet.framework.io``): complete, or not there at all. As Paddle lays it out,
         each variable is a file named as the variable, or with ``filename`` every
@@ -385,8 +431,24 @@ class Fleet:
         flushes this worker's queued updates first. In sync mode the save is exactly the
         state after this worker's last step (the other workers wait for this worker's
         next step, so the save must end within their FLEET_RPC_TIMEOUT_MS); in the other
-        modes other workers keep training while it reads, so parameters may be a few
-        updates apart.
+        modes other workers keep training while it reads: each server's tables are read
+        from snapshots opened on every server at once when the save starts (one instant
+        per server), dense parameters block by block (a few updates apart).
+
+        Save modes (Paddle 2.x's numbers; ``fleet.framework.save_chain``): 0 every row;
+        1 a delta: of each table the rows changed since its previous save (of any mode,
+        by ``save_persistables``) and ``<table>@deleted``, the ids deleted since; 2 a
+        base: the rows of tables with statistics that pass base_threshold. Dense and
+        ``is_sparse`` parameters are saved whole in every mode. A mode-0 or mode-2 save
+        starts a chain, each delta extends it; ``fleet.init_server(dirname)`` (and
+        ``load_persistables`` locally) on any save of a chain loads its base and every
+        delta up to it. Checkpoints (``fleet.CheckpointConfig``) are full saves outside
+        the chain: they never change what the next delta holds.
+
+        Args:
+            mode: 0, 1 or 2 (a str here is taken as ``filename``, the 4th argument of
+                earlier versions).
+            filename: one file for every variable (default: one file per variable).
 
         Returns:
             The directory written.
@@ -394,8 +456,15 @@ class Fleet:
         Raises:
             TypeError: executor is not a fleet Executor, main_program not a Program
                 (Paddle's messages).
+            ConfigError: a mode other than 0, 1, 2; a delta with no save before it; mode
+                2 without a table keeping statistics.
         """
-        return self._save_persistables(executor, dirname, main_program, None, filename)
+        if isinstance(mode, str):  # save_persistables(exe, dirname, program, "params") of earlier versions
+            if filename is not None:
+                raise ConfigError(f"save_persistables got filename twice ({mode!r} as the 4th argument and "
+                                  f"filename={filename!r}); pass mode=0|1|2 and filename=")
+            mode, filename = 0, mode
+        return self._save_persistables(executor, dirname, main_program, None, filename, mode=mode)
 
     def _check_trained(self, what):
         """Refuses a save of parameters nothing trained or loaded (they would be the
@@ -433,24 +502,53 @@ class Fleet:
             f"initial parameters as if they were a trained model. Check that this process got data; to save "
             f"untrained parameters on purpose, set {SAVE_UNTRAINED_ENV}=1")
 
-    def _save_persistables(self, executor, dirname, main_program, extra, filename=None):
+    def _save_persistables(self, executor, dirname, main_program, extra, filename=None, mode=0):
+        mode = check_save_mode(mode)
         self._check_executor(executor, "save_persistables")
         program = main_program or self.main_program or default_main_program()
         self._check_program(program, "save_persistables")
-        self._check_trained("save_checkpoint" if (extra or {}).get("kind") == "checkpoint" else "save_persistables")
+        checkpoint = (extra or {}).get("kind") == "checkpoint"
+        self._check_trained("save_checkpoint" if checkpoint else "save_persistables")
         meta = {"kind": "persistables", "save_id": uuid.uuid4().hex}
         meta.update(extra or {})
         if self._runtime is not None and hasattr(self._runtime, "save_persistables"):
-            return self._runtime.save_persistables(dirname, program, meta, filename)
+            return self._runtime.save_persistables(dirname, program, meta, filename, mode=mode,
+                                                   commit=not checkpoint)
+        return self._save_local(dirname, program, meta, filename, mode, commit=not checkpoint)
+
+    def _save_local(self, dirname, program, meta, filename, mode, commit):
+        """The local save: the program's persistables from the global scope, and the local
+        sparse tables (``fleet.local_tables``) read through snapshots."""
         scope = global_scope()
+        tables = table_saves.program_tables(program)
+        from_tables = table_saves.table_var_names(tables)
+        parent, parent_dir = self._previous_local_save() if mode == DELTA else (None, None)
+        meta["chain"] = new_link(mode, meta["save_id"], dirname, parent, parent_dir)
         arrays = {}
         for name in self._persistable_names(program):
             value = scope.find_var(name)
-            if value is not None:
+            if value is not None and name not in from_tables:  # a local table is saved from its snapshot
                 arrays[name] = value
         meta.update(mode=getattr(self._runtime, "save_mode", "local"), program_vars=sorted(arrays),
                     strategy={"class": type(self._strategy).__name__} if self._strategy is not None else None)
-        return fio.write_vars(dirname, arrays, meta, filename)
+        with table_saves.open_local_snapshots(tables, mode, commit) as snapshots:
+            with fio.VarsWriter(dirname, meta, filename) as writer:
+                for name, value in arrays.items():
+                    writer.add(name, value)
+                writer.extra["tables"] = table_saves.write_local_tables(writer, snapshots, mode)
+        if commit:
+            self._last_local_save = (meta["chain"], writer.dirname)
+        return writer.dirname
+
+    def _previous_local_save(self):
+        """(chain record, directory) a local delta follows: the last committed local save,
+        else the save loaded into the global scope, else (None, None)."""
+        if getattr(self, "_last_local_save", None) is not None:
+            return self._last_local_save
+        loaded = global_scope().loaded_from
+        if loaded and os.path.isfile(os.path.join(loaded, fio.MANIFEST)):
+            return read_chain(loaded), loaded
+        return None, None
 
     def load_persistables(self, executor, dirname, main_program=None, filename=None):
         """Loads what ``save_persistables`` wrote into the global scope, in place where the
@@ -459,7 +557,12 @@ class Fleet:
 
         Locally: every persistable variable of the program (an ``is_sparse`` or
         ``is_distributed`` table saved by a distributed job, as ``<table>@ids`` /
-        ``@values``, is scattered into the local table, whose size must hold every id).
+        ``@values``, is scattered into the local table, whose size must hold every id);
+        the local sparse tables (``fleet.local_tables``) take their rows,
+        optimizer state and statistics. ``dirname`` may be any save of a chain
+        (``save_persistables`` modes): the tables load its base, then every delta up to
+        it, in order; other variables come from ``dirname`` itself (every save holds
+        them whole).
         On a distributed worker: only the worker's own persistables (metric states;
         GEO's local optimizer state); the servers load parameters and optimizer state
         with ``fleet.init_server(dirname)``.
@@ -478,7 +581,16 @@ class Fleet:
         global_scope().loaded_from = os.path.abspath(dirname)
         if self._runtime is not None and hasattr(self._runtime, "load_persistables"):
             return self._runtime.load_persistables(dirname, program)
-        names = self._persistable_names(program)
+        return self._load_local(dirname, program)
+
+    def _load_local(self, dirname, program, delta_only=False):
+        """Local load: the program's variables from ``dirname`` into the global scope, the
+        local tables from its chain (``delta_only``: the one delta at ``dirname`` applied
+        onto them). The next local delta follows this save."""
+        tables = table_saves.program_tables(program)
+        chain = None if delta_only else resolve_chain(dirname)
+        from_tables = table_saves.table_var_names(tables)
+        names = [n for n in self._persistable_names(program) if n not in from_tables]
         manifest = fio.read_manifest(dirname)
         saved = manifest["vars"]
         by_id = [n for n in names if n not in saved and _id_keyed(n, saved) is not None]
@@ -498,7 +610,55 @@ class Fleet:
                 scope[name] = value
         for name, value in scattered.items():
             scope.find_var(name)[...] = value
-        return sorted(values) + sorted(scattered)
+        if delta_only:
+            table_saves.apply_local_delta(fio.VarsReader(dirname), tables)
+        else:
+            table_saves.load_local_tables(chain, tables)
+        self._last_local_save = (read_chain(dirname), os.path.abspath(dirname))
+        return sorted(values) + sorted(scattered) + sorted(tables)
+
+    def load_model(self, path, mode=0, main_program=None):
+        """Loads a save while the job runs (Paddle 2.x's ``fleet.load_model``): the
+        explicit way to apply deltas as they arrive.
+
+        Args:
+            path: a directory written by ``save_persistables`` (any save of a chain).
+            mode: 0 the save replaces what the tables hold (a delta: its base, then every
+                delta up to it); 1 the one delta at ``path`` is applied onto the tables,
+                and must follow the save they hold (the last one loaded or committed).
+            main_program: locally, the program whose variables and tables to load
+                (default: the one ``minimize`` built, else the default main program).
+
+        On a distributed worker every server loads (``WorkerRuntime.load_model``; call it
+        from one worker while no worker trains); locally the local tables and the
+        program's variables (as ``load_persistables``). The next delta saved follows
+        ``path``.
+
+        Returns:
+            The absolute path loaded.
+
+        Raises:
+            ConfigError: a server process, a mode other than 0 or 1, a broken chain, or a
+                delta that does not follow the save the tables hold (names both).
+        """
+        self._rm()
+        if self.is_server():
+            raise ConfigError("fleet.load_model() is for workers (servers load a save with fleet.init_server(dirname)); "
+                              "call it on one worker")
+        if self._runtime is not None and hasattr(self._runtime, "load_model"):
+            return self._runtime.load_model(path, mode)
+        if mode not in (0, 1) or isinstance(mode, bool):
+            raise ConfigError(f"load_model mode {mode!r} is not 0 (load the save, and its chain) or 1 (apply one "
+                              f"delta onto the save loaded last)")
+        program = main_program or self.main_program or default_main_program()
+        self._check_program(program, "load_model")
+        if mode == 1:
+            record, dirname = self._previous_local_save()
+            check_next_delta(fio.VarsReader(path), {"save_id": record and record["save_id"], "dirname": dirname},
+                             "the local tables")
+        self._load_local(path, program, delta_only=mode == 1)
+        global_scope().loaded_from = os.path.abspath(path)
+        return os.path.abspath(path)
 
     def save_inference_model(self, executor, dirname, feeded_var_names, target_vars, main_program=None,
                              export_for_deployment=True, model_filename=None, params_filename=None,
@@ -577,6 +737,21 @@ class Fleet:
         loaded = load_inference_model(dirname, executor, model_filename, params_filename)
         global_scope().loaded_from = os.path.abspath(dirname)
         return loaded
+
+
+def _refuse_entries(program):
+    """Collective training keeps every table on every worker: admission and statistics,
+    which need one place that sees every worker's lookups, are refused.
+
+    Raises:
+        ConfigError: a table with an entry (names it and the strategy to use).
+    """
+    for param in program.all_parameters():
+        if getattr(param, "entry", None):
+            raise ConfigError(
+                f"table {param.name!r} has entry {param.entry!r}, which needs one table that sees every worker's "
+                f"lookups; CollectiveStrategy keeps a copy on each worker: use "
+                f"DistributedStrategyFactory.create_hybrid_strategy() (tables on parameter servers)")
 
 
 def check_saved_filename(dirname, filename):

@@ -48,6 +48,10 @@ every worker and server reaches (one host, or a shared filesystem).
 
 Under ``fleetrun --max_restarts K`` fleetrun restarts the whole job after a failure and
 this idiom resumes it; ``FLEET_RESTART_COUNT`` tells the script which attempt it is.
+
+Checkpoints are full saves (``save_persistables`` mode 0) that commit nothing: the next
+delta save (mode 1) of the job still holds every change since its previous committed
+save. A job resumed from a checkpoint loads it as a base, and its next delta follows it.
 """
 import json
 import logging

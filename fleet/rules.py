@@ -48,9 +48,28 @@ class Rule:
         """Updates rows of the 2-D ``param`` in place; ``rows`` may repeat (summed first)."""
         raise NotImplementedError
 
+    def apply_sparse_unique(self, param, rows, values, state, lr):
+        """``apply_sparse`` for ``rows`` the caller knows are unique (any order): the same
+        result without merging; rules whose rows update independently skip the merge."""
+        self.apply_sparse(param, rows, values, state, lr)
+
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.attrs().items())
         return f"{type(self).__name__}({args})"
+
+
+def unique_rows_update(rule):
+    """Returns ``rule.apply_sparse_unique`` when it may stand in for ``rule.apply_sparse``, else None.
+
+    Only when both come from the same class: a subclass that overrides ``apply_sparse``
+    alone (to add to it) keeps its own update.
+    """
+    def owner(name):
+        return next((cls for cls in type(rule).__mro__ if name in cls.__dict__), None)
+
+    if owner("apply_sparse_unique") is None or owner("apply_sparse_unique") is not owner("apply_sparse"):
+        return None
+    return rule.apply_sparse_unique
 
 
 def _flat(a):
@@ -74,6 +93,10 @@ class SGDRule(Rule):
         if len(rows):
             uniq, summed = _merged(rows, values)
             optim.sgd_rows(param, uniq, summed, float(lr))
+
+    def apply_sparse_unique(self, param, rows, values, state, lr):
+        if len(rows):
+            optim.sgd_rows(param, rows, values, float(lr))
 
 
 class MomentumRule(Rule):
@@ -121,6 +144,10 @@ class AdagradRule(Rule):
         if len(rows):
             uniq, summed = _merged(rows, values)
             optim.adagrad_rows(param, state["moment"], uniq, summed, float(lr), self.epsilon)
+
+    def apply_sparse_unique(self, param, rows, values, state, lr):
+        if len(rows):
+            optim.adagrad_rows(param, state["moment"], rows, values, float(lr), self.epsilon)
 
 
 class AdamRule(Rule):
@@ -354,6 +381,10 @@ class RegularizedRule:
         uniq, summed = _merged(rows, values)
         summed += self._decay(param[uniq])
         self.rule.apply_sparse(param, uniq, summed, state, lr)
+
+    def apply_sparse_unique(self, param, rows, values, state, lr):
+        # not forwarded to the wrapped rule (__getattr__ would): the decay must apply
+        self.apply_sparse(param, rows, values, state, lr)
 
     def __repr__(self):
         return f"RegularizedRule({self.rule!r}, {self.kind}, {self.coeff})"

@@ -13,8 +13,10 @@ own (heartbeats are answered even while a handler is busy) and fails workers who
 heartbeats stop (``ParameterServer.check_liveness``).
 """
 import atexit
+import contextlib
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -24,14 +26,17 @@ import weakref
 import numpy as np
 
 from fleet import telemetry
+from fleet.local_tables import local_tables  # noqa: F401  (fleet.runtime.local_tables(): the local tables)
 from fleet.communicator import make_communicator
 from fleet.elastic import check_elastic_mode, elastic_range
-from fleet.errors import ConfigError, FleetTimeoutError, ServerError, TransportError
+from fleet.errors import ConfigError, DataError, FleetTimeoutError, ServerError, TransportError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
 from fleet.framework.hooks import set_program_rewriter
 from fleet.framework.inference import file_names, manifest_extra, persistable_names, use_saved_tables
 from fleet.framework.program import serialize_program
+from fleet.framework.save_chain import (ALL, BASE, DELTA, check_next_delta, check_save_mode, new_link, read_chain,
+                                       resolve_chain)
 from fleet.framework.scope import Scope, global_scope
 from fleet.logs import WaitLog
 from fleet.rules import rule_from_op_attrs
@@ -214,10 +219,15 @@ class WorkerRuntime:
             self.startup.training_hooks = self.comm
             self.comm.set_layout(_allreduce_attrs(self.program))
         block = self.program.global_block()
-        self.comm.set_prefetch_inputs({
-            op.attr("table"): op.input("Ids") for op in block.ops if op.type == "prefetch"
-            and all(block.vars[n].is_data for n in op.input("Ids"))})
+        # Tables whose prefetch reads only fed inputs (ids, and a ShowClickEntry's show and
+        # click) can be pulled ahead from the next batch's feed.
+        fed = [op for op in block.ops if op.type == "prefetch" and all(
+            block.vars[n].is_data for n in op.input("Ids") + op.input("Show") + op.input("Click"))]
+        self.comm.set_prefetch_inputs(
+            {op.attr("table"): op.input("Ids") for op in fed},
+            {op.attr("table"): (op.input("Show")[0], op.input("Click")[0]) for op in fed if op.input("Show")})
         self.started = False
+        self.last_save = None  # (chain record, directory) of the last committed save: a delta's parent
         telemetry.TELEMETRY.attach_worker(self)
 
     def programs(self):
@@ -311,6 +321,30 @@ class WorkerRuntime:
         self._need_started("exchanging data between workers")
         return self.comm.all_to_all(blobs)
 
+    def shrink(self):
+        """``fleet.shrink()`` on a worker: flushes, waits for every worker, the first
+        worker makes every server shrink, waits again, and returns the summed counts on
+        every worker (the others read them from the servers). Blocks (bounded).
+
+        Raises:
+            ConfigError: no table of the plan keeps statistics, or init_worker() was not
+                called.
+        """
+        self._need_started("fleet.shrink()")
+        if not self.plan.statistics_tables():
+            raise ConfigError(
+                "fleet.shrink() evicts rows of tables that keep statistics, and this job has none: give the "
+                "sparse_embedding an entry (fleet.CountFilterEntry(...)) or set its accessor with "
+                "strategy.set_sparse_table_config(...)")
+        first = self.fleet.is_first_worker()
+        self.barrier_worker()
+        deleted = self.comm.shrink(first=True) if first else None
+        self.comm.barrier_worker()
+        if deleted is None:
+            deleted = self.comm.shrink(first=False)
+        log.info("fleet: %s: shrink deleted %s", self.comm.who, deleted)
+        return deleted
+
     def _need_started(self, what):
         if not self.started:
             raise ConfigError(f"{what} needs the servers: call fleet.init_worker() first")
@@ -325,36 +359,97 @@ class WorkerRuntime:
                 names.update(state_var(p.name, key) for key in rule.state_names)
         return names
 
-    def save_persistables(self, dirname, program, extra=None, filename=None):
+    def save_persistables(self, dirname, program, extra=None, filename=None, mode=0, commit=True):
         """Saves every parameter (pulled whole from the servers), its optimizer state and
         every server's share of each distributed table, with this worker's own
         persistables (metric states; GEO's local optimizer state), atomically.
 
-        This worker's queued updates are sent first. In sync mode the other workers wait
-        for this worker's next step, so the save is the state after its last step; in
-        async, half-async and GEO modes other workers keep pushing while the save reads,
-        so each block and each chunk of a table is consistent in itself but parameters
-        may be a few updates apart.
+        This worker's queued updates are sent first. Distributed tables are read through
+        snapshots opened on every server at once before anything is read (see
+        ``table_snapshots``): each server's tables are of one instant (in sync mode the
+        state after this worker's last step). Dense and ``is_sparse`` parameters are read
+        whole, block by block, in every mode; in async, half-async and GEO modes other
+        workers keep pushing meanwhile, so they may be a few updates apart from the tables.
+
+        Args:
+            mode: 0 every row, 1 delta (rows changed since each table's previous committed
+                save, plus ``<table>@deleted`` tombstones), 2 base (rows passing
+                base_threshold); see ``fleet.framework.save_chain``.
+            commit: once the directory is written, make this save each table's previous
+                save (what the next delta is relative to) and the parent of the next
+                delta. Checkpoints (``fleet.CheckpointConfig``) do not commit.
 
         Returns:
             The directory.
+
+        Raises:
+            ConfigError: a bad mode, a delta without a previous save, or a table that
+                cannot save in this mode (mode 2 without statistics).
         """
         self._need_started("save_persistables")
+        mode = check_save_mode(mode)
         self.comm.flush()
         held = self.server_held()
         scope = global_scope()
         meta = self._manifest_extra("persistables", extra)
-        with fio.VarsWriter(dirname, meta, filename) as writer:
-            for v in program.list_vars():
-                if v.persistable and not v.is_data and v.name not in held:
-                    value = scope.find_var(v.name)
-                    if value is not None:
-                        writer.add(v.name, np.asarray(value))
-            tables = write_server_params(writer, self.comm, self.plan.params.values(),
-                                         with_state=self.plan.mode != "geo")
-            write_server_lr_steps(writer, self.comm, self.plan)
-            writer.extra["tables"] = tables
+        parent, parent_dir = self._previous_save() if mode == DELTA else (None, None)
+        meta["chain"] = new_link(mode, meta["save_id"], dirname, parent, parent_dir)
+        with_state = self.plan.mode != "geo"
+        with table_snapshots(self.comm, meta["save_id"], mode, self.plan.distributed_tables(), commit) as snapshots:
+            with fio.VarsWriter(dirname, meta, filename) as writer:
+                for v in program.list_vars():
+                    if v.persistable and not v.is_data and v.name not in held:
+                        value = scope.find_var(v.name)
+                        if value is not None:
+                            writer.add(v.name, np.asarray(value))
+                tables = write_server_params(writer, self.comm, self.plan.params.values(), with_state=with_state,
+                                             snapshots=snapshots)
+                write_server_lr_steps(writer, self.comm, self.plan)
+                writer.extra["tables"] = tables
+        if commit:
+            self.last_save = (meta["chain"], writer.dirname)
         return writer.dirname
+
+    def load_model(self, dirname, mode=0):
+        """Makes every server load the save at ``dirname`` while the job runs (Paddle 2.x's
+        ``fleet.load_model``): mode 0 the save, with its chain if it is a delta, replaces
+        the servers' tables and parameters; mode 1 applies the one delta at ``dirname``,
+        which must follow the save the servers loaded last. The next delta this worker
+        saves follows the loaded save. Call it from one worker while no worker trains
+        (e.g. between ``fleet.barrier_worker()`` calls); workers read the new values at
+        their next pull. Not in GEO mode, whose workers train their own copies.
+
+        Raises:
+            ConfigError: GEO mode, a mode other than 0 or 1, a broken chain, or a delta
+                that does not follow the servers' save (names both).
+        """
+        self._need_started("load_model")
+        if self.plan.mode == "geo":
+            raise ConfigError("fleet.load_model() cannot reach GEO workers' own copies of the parameters (an "
+                              "exchange sends only rows they changed): restart the job with "
+                              "fleet.init_server(dirname) to load a save")
+        if mode not in (0, 1) or isinstance(mode, bool):
+            raise ConfigError(f"load_model mode {mode!r} is not 0 (load the save, and its chain) or 1 (apply one "
+                              f"delta onto the save loaded last)")
+        path = os.path.abspath(dirname)
+        if mode == 0:
+            resolve_chain(path)  # the same errors as the servers', before asking them
+        else:
+            check_next_delta(fio.VarsReader(path), self.checkpoint_info(), "the servers")
+        self.comm.flush()
+        self.comm.load_model(path, mode)
+        self.last_save = (read_chain(path), path)
+        return path
+
+    def _previous_save(self):
+        """(chain record, directory) of the save a delta follows: this worker's last
+        committed save, else the save the servers loaded, else (None, None)."""
+        if getattr(self, "last_save", None) is not None:
+            return self.last_save
+        dirname = self.checkpoint_info().get("dirname")
+        if dirname:
+            return read_chain(dirname), dirname
+        return None, None
 
     def load_persistables(self, dirname, program):
         """Loads this worker's own persistables (metric states; GEO's local optimizer
@@ -394,11 +489,12 @@ class WorkerRuntime:
         model_file, params_file = file_names(model_filename, params_filename)
         extra = manifest_extra(feed_names, fetch_names, model_filename=model_file, params_filename=params_file,
                                program_only=bool(program_only), **self._manifest_extra("inference", None))
-        with fio.VarsWriter(dirname, extra, params_file) as writer:
+        params = [p for p in self.plan.params.values() if p.name in names or p.name + "@ids" in names]
+        with table_snapshots(self.comm, extra["save_id"], ALL, [p for p in params if p.kind == DISTRIBUTED],
+                             False) as snapshots, \
+                fio.VarsWriter(dirname, extra, params_file) as writer:
             writer.add_file(model_file, serialize_program(program))
-            params = [p for p in self.plan.params.values()
-                      if p.name in names or p.name + "@ids" in names]
-            write_server_params(writer, self.comm, params, with_state=False)
+            write_server_params(writer, self.comm, params, with_state=False, snapshots=snapshots)
             for name in sorted(names):
                 saved_table = name.endswith(("@ids", "@values")) and name.rsplit("@", 1)[0] in tables
                 if name in self.plan.params or saved_table:
@@ -451,18 +547,77 @@ def _row_bytes(arrays_per_row, row_shape, extra=0):
     return int(np.prod(row_shape, dtype=np.int64)) * 4 * arrays_per_row + extra
 
 
-def write_server_params(writer, comm, params, with_state=True):
+def _table_row_bytes(pplan):
+    """Bytes of one row of a table read from a snapshot: value, every per-row state (a
+    snapshot's chunks carry them all), id and statistics."""
+    rule = rule_from_op_attrs(pplan.rule_type, pplan.rule_attrs)
+    return _row_bytes(1 + len(rule.row_state_names), (pplan.width,), extra=8 + 16)
+
+
+def _check_base_tables(tables):
+    """Mode 2 (base) selects rows by their statistics: every table must keep them.
+
+    Raises:
+        ConfigError: a table (or no table at all) without statistics (names them and the fix).
+    """
+    lacking = [p.name for p in tables if not p.has_statistics]
+    if lacking or not tables:
+        raise ConfigError(
+            f"save_persistables(mode=2) saves the rows passing base_threshold, which needs statistics, but "
+            f"{'distributed tables ' + str(lacking) + ' keep' if lacking else 'this job has no distributed table keeping'}"
+            f" none: give each table an entry (fleet.CountFilterEntry, ...) or an accessor config "
+            f"(strategy.set_sparse_table_config(table_name)), or save with mode=0")
+
+
+@contextlib.contextmanager
+def table_snapshots(comm, save_id, mode, tables, commit):
+    """Opens a snapshot of every table of ``tables`` (ParamPlans of distributed tables) on
+    every server at once, for the body to read (``write_server_params(snapshots=...)``);
+    when the body ends normally (the save's directory written) they are committed if
+    ``commit``, else released; when it raises they are released (nothing forgotten: the
+    next delta still holds every change).
+
+    Yields:
+        {"save": save_id, "mode": mode, "stats": {table: keeps statistics}} (None
+        without tables).
+
+    Raises:
+        ConfigError: mode 2 and a table without statistics.
+
+    Blocks for a round trip to every server at each end.
+    """
+    tables = list(tables)
+    if mode == BASE:
+        _check_base_tables(tables)
+    if not tables:
+        yield None
+        return
+    rows = {p.name: comm.shard_rows(p, _table_row_bytes(p)) for p in tables}
+    comm.open_snapshots(save_id, mode, rows)
+    try:
+        yield {"save": save_id, "mode": mode, "stats": {p.name: p.has_statistics for p in tables}}
+    except BaseException:
+        comm.close_snapshots(save_id, commit=False, quiet=True)
+        raise
+    comm.close_snapshots(save_id, commit=commit)
+
+
+def write_server_params(writer, comm, params, with_state=True, snapshots=None):
     """Writes parameters held by the servers into ``writer`` (a ``VarsWriter``), whole,
     chunk by chunk (never the whole of a large table in memory).
 
     Dense and is_sparse parameters are written as ``p`` and ``p_<key>_0``; distributed
-    tables as ``t@ids``, ``t@values``, ``t_<key>_0@values`` (see
+    tables as ``t@ids``, ``t@values``, ``t_<key>_0@values`` and, from snapshots, ``t@stats``
+    (tables with statistics), ``t@deleted`` (delta saves) and the admission sketch
+    ``t@sketch`` / ``t@sketch@shards`` (tables with an entry) (see
     ``fleet.server.checkpoint`` for the layout and the scalar state).
 
     Args:
         comm: the worker's Communicator (``pull_param_chunks``, ``pull_shard_chunks``).
         params: the ParamPlans to write.
         with_state: also the optimizer state.
+        snapshots: what ``table_snapshots`` yields: read the tables from those snapshots
+            (None: read the live tables, each chunk consistent in itself).
 
     Returns:
         {table: {"rows": n, "dim": d}} for the distributed tables written.
@@ -473,7 +628,7 @@ def write_server_params(writer, comm, params, with_state=True):
         row_keys = tuple(rule.row_state_names) if with_state else ()
         scalar_keys = tuple(k for k in rule.state_names if k not in row_keys) if with_state else ()
         if pplan.kind == DISTRIBUTED:
-            tables[pplan.name] = _write_table(writer, comm, pplan, row_keys, scalar_keys)
+            tables[pplan.name] = _write_table(writer, comm, pplan, row_keys, scalar_keys, snapshots)
         else:
             _write_param(writer, comm, pplan, row_keys, scalar_keys, with_state)
     return tables
@@ -516,29 +671,74 @@ def _write_param(writer, comm, pplan, row_keys, scalar_keys, with_state):
         writer.add(pplan.name + "@block_offsets", np.array([b.row_offset for b in pplan.blocks], np.int64))
 
 
-def _write_table(writer, comm, pplan, row_keys, scalar_keys):
+def _write_table(writer, comm, pplan, row_keys, scalar_keys, snapshots=None):
     dim = pplan.width
     streams = {"ids": writer.open_stream(pplan.name + "@ids", np.int64, ()),
                "values": writer.open_stream(pplan.name + "@values", np.float32, (dim,))}
     for key in row_keys:
         streams[f"state.{key}"] = writer.open_stream(state_var(pplan.name, key) + "@values", np.float32, (dim,))
+    deleted = None
+    if snapshots is not None:
+        if snapshots["stats"].get(pplan.name):
+            streams["stats"] = writer.open_stream(pplan.name + "@stats", np.float32, (4,))
+        if snapshots.get("mode", 0) == 1:
+            deleted = writer.open_stream(pplan.name + "@deleted", np.int64, ())
     scalars = {k: [] for k in scalar_keys}
     seen = set()
-    for server, chunk in comm.pull_shard_chunks(pplan, _row_bytes(1 + len(row_keys), (dim,), extra=8)):
+    sketches, sketch, filled = None, None, 0  # the sketch stream; the one being received
+    save = None if snapshots is None else snapshots["save"]
+    row_bytes = _table_row_bytes(pplan) if save else _row_bytes(1 + len(row_keys), (dim,), extra=8)
+    for server, chunk in comm.pull_shard_chunks(pplan, row_bytes, save=save):
         if server not in seen:
             seen.add(server)
             for key in scalar_keys:
                 scalars[key].append(np.array(chunk[f"state.{key}"]))
+        if "sketch_shape" in chunk:
+            shape = tuple(int(x) for x in chunk["sketch_shape"])
+            sketch, filled = np.empty(shape, np.uint8), 0
+        if "sketch" in chunk:
+            part = np.asarray(chunk["sketch"], dtype=np.uint8)
+            if sketch is None or filled + len(part) > sketch.size:
+                raise DataError(f"server {server} sent admission sketch counters of table {pplan.name!r} beyond "
+                                f"the sketch's shape it announced")
+            sketch.reshape(-1)[filled:filled + len(part)] = part
+            filled += len(part)
+            if filled == sketch.size:
+                sketches = _write_sketch(writer, pplan.name, sketch, len(comm.endpoints), sketches)
+                sketch = None
+        if "deleted" in chunk:
+            if deleted is None:
+                raise DataError(f"server {server} sent tombstones of table {pplan.name!r} in a save of another "
+                                f"mode than delta")
+            deleted.append(chunk["deleted"])
         if "ids" not in chunk:
             continue
         for key, stream in streams.items():
             stream.append(chunk[key])
-    for stream in streams.values():
+    if sketch is not None:
+        raise DataError(f"the admission sketch of table {pplan.name!r} ended after {filled} of its {sketch.size} "
+                        f"counters")
+    for stream in list(streams.values()) + [s for s in (deleted, sketches) if s is not None]:
         stream.close()
     for key, values in scalars.items():
         writer.add(state_var(pplan.name, key), values[0])
         writer.add(state_var(pplan.name, key) + "@shards", np.stack(values))
-    return {"rows": streams["ids"].rows, "dim": dim}
+    return {"rows": streams["ids"].rows, "dim": dim,
+            **({"deleted": deleted.rows} if deleted is not None else {})}
+
+
+def _write_sketch(writer, table, sketch, servers, stream):
+    """Writes one server's admission sketch of ``table`` (uint8 [depth, width]): as
+    ``t@sketch`` for a job of one server, else appended to ``t@sketch@shards`` ([servers,
+    depth, width], server order; ``stream`` is that stream once opened). Returns the stream."""
+    sketch = np.ascontiguousarray(sketch, dtype=np.uint8)
+    if servers == 1:
+        writer.add(table + "@sketch", sketch)
+        return None
+    if stream is None:
+        stream = writer.open_stream(table + "@sketch@shards", np.uint8, sketch.shape)
+    stream.append(sketch[None])
+    return stream
 
 
 def _assign(scope, values):
@@ -586,10 +786,12 @@ class ServerRuntime:
         """Creates this server's tables, initialized, or loaded from ``model_dir``: its
         blocks' rows of every saved parameter and optimizer state, and its share
         (id % server_num) of each distributed table, whatever the server count was
-        when saved.
+        when saved. ``model_dir`` may be any save of a chain (``save_persistables`` mode
+        0, 1 or 2): a delta loads its base, then every delta up to it, in order.
 
         Raises:
-            ConfigError: a variable is missing or has another shape (names it).
+            ConfigError: a variable is missing or has another shape (names it); a link
+                of the chain is missing or out of order (names it).
             DataError: a damaged file (names it).
         """
         config = self.strategy.get_program_config()
@@ -598,13 +800,15 @@ class ServerRuntime:
         if model_dir is None:
             self.server = ParameterServer(self.endpoint, self.plan, self._initial_values(), **options)
             return
-        reader = fio.VarsReader(model_dir)
+        dirs = resolve_chain(model_dir)
+        reader = fio.VarsReader(dirs[0])
         server = ParameterServer(self.endpoint, self.plan, initial_values(reader, self.plan, self.endpoint),
                                  **options)
-        server.load(reader)
+        server.load(reader, [fio.VarsReader(d) for d in dirs[1:]])
         self.server = server
-        log.info("fleet: server %s loaded %s (step %s, epoch %s)", self.endpoint, model_dir,
-                 reader.extra.get("step"), reader.extra.get("epoch"))
+        log.info("fleet: server %s loaded %s (step %s, epoch %s)%s", self.endpoint, model_dir,
+                 server.loaded.get("step"), server.loaded.get("epoch"),
+                 f": the base {dirs[0]} and {len(dirs) - 1} deltas" if len(dirs) > 1 else "")
 
     def run_server(self):
         """Serves until every worker has stopped. Blocks.

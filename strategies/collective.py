@@ -118,6 +118,18 @@ class CollectiveStrategy(DistributedStrategy):
     def _configure(self):
         self._program_config.mode = "collective"
 
+    def set_sparse_table_config(self, table_name=None, **fields):
+        """Refused: accessor statistics live on parameter servers, which collective
+        training has none of.
+
+        Raises:
+            ConfigError: always (names the strategy to use instead).
+        """
+        raise ConfigError(
+            "set_sparse_table_config configures the CTR accessor of tables kept on parameter servers; "
+            "CollectiveStrategy has no servers: use DistributedStrategyFactory.create_hybrid_strategy() "
+            "(tables on the servers) or a parameter-server strategy")
+
     @property
     def exec_strategy(self):
         """The `ExecutionStrategy` (training threads), as Paddle's attribute."""

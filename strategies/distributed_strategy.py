@@ -25,6 +25,12 @@ _DEBUG_KEYS = {
 }
 
 
+# The CTR accessor's fields (fleet.entries.CtrAccessorConfig, which validates their values
+# when the plan is built; a unit test keeps the two lists equal).
+SPARSE_TABLE_FIELDS = ("nonclk_coeff", "click_coeff", "base_threshold", "delta_threshold", "delta_keep_days",
+                       "show_click_decay_rate", "delete_threshold", "delete_after_unseen_days")
+
+
 def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -59,6 +65,7 @@ class DistributedStrategy:
         if cpu_num > 1:
             self._build_strategy.reduce_strategy = BuildStrategy.ReduceStrategy.Reduce
         self._debug_opt = None
+        self._sparse_table_configs = {}  # table name (None: every table) -> {field: value}
         self._configure()
 
     def _configure(self):
@@ -189,6 +196,52 @@ class DistributedStrategy:
         opt["dump_fields"] = list(opt["dump_fields"])
         opt["dump_param"] = list(opt["dump_param"])
         return opt
+
+    def set_sparse_table_config(self, table_name=None, **fields):
+        """Sets the CTR accessor of a distributed table (Paddle's CtrCommonAccessor), or of
+        every distributed table with ``table_name=None``; a table's own fields override
+        those given for every table. A table with an accessor config keeps per-row
+        statistics (show, click, unseen_days, delta_score) that ``fleet.shrink()`` decays
+        and evicts by.
+
+        Args:
+            table_name: the table's parameter name (its ``param_attr`` name), or None.
+            fields: ``fleet.entries.CtrAccessorConfig`` fields (nonclk_coeff,
+                click_coeff, base_threshold, delta_threshold, delta_keep_days,
+                show_click_decay_rate, delete_threshold, delete_after_unseen_days), each
+                also accepted with Paddle 2.x's "sparse_" prefix. No fields: the defaults.
+
+        Raises:
+            ConfigError: an unknown field (names it and the valid ones), a value that is
+                not a number, or a table_name that is not a str. Values out of range and a
+                table the program does not have are refused by ``minimize`` (naming them).
+        """
+        if table_name is not None and (not isinstance(table_name, str) or not table_name):
+            raise ConfigError(f"set_sparse_table_config table_name={table_name!r} must be a table's parameter "
+                              f"name (a non-empty str) or None for every table")
+        merged = dict(self._sparse_table_configs.get(table_name, {}))
+        for key, value in fields.items():
+            name = key[len("sparse_"):] if key.startswith("sparse_") else key
+            if name not in SPARSE_TABLE_FIELDS:
+                raise ConfigError(f"set_sparse_table_config field {key!r} is unknown; valid fields are "
+                                  f"{', '.join(SPARSE_TABLE_FIELDS)} (each also with a 'sparse_' prefix)")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ConfigError(f"set_sparse_table_config {key}={value!r} must be a number")
+            merged[name] = value
+        self._sparse_table_configs[table_name] = merged
+
+    def sparse_table_config(self, table_name):
+        """The accessor fields set for ``table_name`` (those for every table, then its own),
+        as a new dict, or None when none were set for it."""
+        common = self._sparse_table_configs.get(None)
+        own = self._sparse_table_configs.get(table_name)
+        if common is None and own is None:
+            return None
+        return {**(common or {}), **(own or {})}
+
+    def sparse_table_names(self):
+        """The table names given to ``set_sparse_table_config`` (not None)."""
+        return sorted(n for n in self._sparse_table_configs if n is not None)
 
     def __repr__(self):
         return (

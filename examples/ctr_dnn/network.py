@@ -11,8 +11,15 @@ SLOTS = 26
 
 
 def ctr_dnn_model(sparse_feature_dim=1000001, embedding_size=10, hidden=(400, 400, 400),
-                  is_distributed=False):
+                  is_distributed=False, sparse_embedding=False, entry=None):
     """Builds the model in the current programs.
+
+    Args:
+        sparse_embedding: look the slots up with ``fleet.layers.sparse_embedding`` (Paddle
+            2.x's layer for a production table kept on the servers, as ``online.py`` does)
+            instead of ``fleet.layers.embedding``.
+        entry: with sparse_embedding, the table's admission (``fleet.CountFilterEntry(n)``,
+            ``fleet.ProbabilityEntry(p)``) or None (every id gets a row).
 
     Returns:
         (inputs, avg_cost, auc, batch_auc, predict, auc_states): ``inputs`` in dataset
@@ -22,8 +29,12 @@ def ctr_dnn_model(sparse_feature_dim=1000001, embedding_size=10, hidden=(400, 40
     slots = [layers.data(f"C{i}", shape=[1], lod_level=1, dtype="int64") for i in range(1, SLOTS + 1)]
     label = layers.data("label", shape=[1], dtype="int64")
     table = fleet.ParamAttr(name="SparseFeatFactors", initializer=fleet.initializer.Uniform(-1.0, 1.0))
-    embs = [layers.embedding(s, size=[sparse_feature_dim, embedding_size], is_sparse=True,
-                             is_distributed=is_distributed, param_attr=table) for s in slots]
+    if sparse_embedding:
+        embs = [layers.sparse_embedding(s, size=[sparse_feature_dim, embedding_size], entry=entry, param_attr=table)
+                for s in slots]
+    else:
+        embs = [layers.embedding(s, size=[sparse_feature_dim, embedding_size], is_sparse=True,
+                                 is_distributed=is_distributed, param_attr=table) for s in slots]
     x = layers.concat([layers.sequence_pool(e, "sum") for e in embs] + [dense], axis=1)
     for width in hidden:
         w = fleet.ParamAttr(initializer=fleet.initializer.Normal(0.0, 1.0 / math.sqrt(x.shape[1])))

@@ -57,9 +57,11 @@ class CommunicatorAPI(TrainingHooks, abc.ABC):
 
     # -- steps (training threads) -------------------------------------------------------
     @abc.abstractmethod
-    def prefetch(self, table, ids, is_test=False):
-        """The rows of ``table`` that ``ids`` name, as ``PrefetchedRows``. Blocks until they
-        arrive (bounded); thread-safe."""
+    def prefetch(self, table, ids, is_test=False, shows=None, clicks=None):
+        """The rows of ``table`` that ``ids`` name, as ``PrefetchedRows``; a training lookup
+        of a table with statistics sends the ids' shows and clicks (``shows``/``clicks``:
+        float32 per occurrence of ``ids``, or None for occurrence counts and no clicks).
+        Blocks until they arrive (bounded); thread-safe."""
 
     @abc.abstractmethod
     def send(self, grads):

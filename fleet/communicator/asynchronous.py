@@ -27,6 +27,7 @@ import numpy as np
 
 from fleet.communicator.api import register
 from fleet.communicator.base import Communicator
+from fleet.communicator.statistics import unique_statistics
 from fleet.errors import FleetTimeoutError
 from fleet.framework.runner import reduce_gradients
 from fleet.framework.tensor import SparseRows
@@ -63,8 +64,9 @@ class _Ahead:
         self.step = step
 
 
-def _flat_ids(values):
-    return np.concatenate([np.asarray(getattr(v, "values", v), dtype=np.int64).reshape(-1) for v in values])
+def _joined(parts):
+    """Per-occurrence statistics of a step's batches joined (None when the table has none)."""
+    return None if any(p is None for p in parts) else np.concatenate(parts)
 
 
 @register("async")
@@ -140,12 +142,12 @@ class AsyncCommunicator(Communicator):
             return
         me = threading.get_ident()
         last = getattr(self._tls, "last", None)
-        for table, names in self.prefetch_inputs.items():
-            values = [feed.get(n) for n in names]
-            if any(v is None for v in values):
+        for table in self.prefetch_inputs:
+            batch = self.batch_statistics(table, feed)
+            if batch is None:
                 continue
-            ids = _flat_ids(values)
-            future = self._pool.submit(self._pull_after, last, table, ids)
+            ids = batch[0]
+            future = self._pool.submit(self._pull_after, last, table, *batch)
             with self._ahead_lock:
                 # The trainer prepares batch t+1 before it runs batch t, so a thread has up
                 # to two pulls ahead in flight: the prefetch op takes them in order.
@@ -164,30 +166,33 @@ class AsyncCommunicator(Communicator):
         with self._ahead_lock:
             self._steps_prepared += 1
             step = self._steps_prepared
-        for table, names in self.prefetch_inputs.items():
-            batches = []
-            for feed in feeds:
-                values = [feed.get(n) for n in names]
-                if not any(v is None for v in values):
-                    batches.append(_flat_ids(values))
-            if not batches:
+        for table in self.prefetch_inputs:
+            parts = [b for b in (self.batch_statistics(table, feed) for feed in feeds) if b is not None]
+            if not parts:
                 continue
-            future = self._pool.submit(self._pull_after, last, table, np.concatenate(batches))
+            batches = [ids for ids, _, _ in parts]
+            future = self._pool.submit(self._pull_after, last, table, np.concatenate(batches),
+                                       _joined([s for _, s, _ in parts]), _joined([c for _, _, c in parts]))
             with self._ahead_lock:
                 jobs = self._ahead.setdefault((STEP, table), collections.deque())
                 jobs.extend(_Ahead(ids, future, step) for ids in batches)
                 while jobs[0].step < step - 1:  # steps prepared and never run (a failed pass)
                     jobs.popleft()
 
-    def _pull_after(self, last, table, ids):
-        uniq = np.unique(ids)  # sorting here keeps it off the training thread
+    def _pull_after(self, last, table, ids, shows=None, clicks=None):
+        # Sorting (and summing statistics) here keeps it off the training thread.
+        pplan = self.plan.params.get(table)
+        if pplan is not None and pplan.has_statistics:
+            uniq, shows, clicks = unique_statistics(ids, shows, clicks)
+        else:
+            uniq, shows, clicks = np.unique(ids), None, None
         if last is not None:
             self._wait_round(last, f"prefetching rows of {table!r}")
-        return self.pull_rows(table, uniq)
+        return self.pull_rows(table, uniq, False, shows, clicks)
 
-    def prefetch(self, table, ids, is_test=False):
+    def prefetch(self, table, ids, is_test=False, shows=None, clicks=None):
         """The rows of ``ids``: those pulled ahead for this thread's batch when they are
-        the same ids, else pulled now (blocks)."""
+        the same ids (their statistics went with that pull), else pulled now (blocks)."""
         ahead = None
         if not is_test:
             with self._ahead_lock:
@@ -208,7 +213,7 @@ class AsyncCommunicator(Communicator):
         if ahead is not None:
             self._count("prefetches_ahead_used")
             return ahead.future.result()
-        return super().prefetch(table, ids, is_test)
+        return super().prefetch(table, ids, is_test, shows, clicks)
 
     def _start_threads(self):
         self._stop.clear()

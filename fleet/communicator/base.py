@@ -21,8 +21,9 @@ import threading
 import numpy as np
 
 from fleet.communicator.api import CommunicatorAPI
+from fleet.communicator.statistics import occurrence_statistics, unique_statistics
 from fleet.errors import ConfigError, DataError
-from fleet.framework.tensor import PrefetchedRows, SparseRows
+from fleet.framework.tensor import PrefetchedRows, SparseRows, flat_ids
 from fleet.transpiler.plan import DENSE, DISTRIBUTED, SPARSE
 from fleet.transport.client import request_all
 
@@ -62,6 +63,7 @@ class Communicator(CommunicatorAPI):
         self._stats_lock = threading.Lock()
         self.dense = [p for p in plan.params.values() if p.kind == DENSE]
         self.prefetch_inputs = {}
+        self.statistics_inputs = {}
         self.who = f"worker {self.worker_id} of {plan.worker_num}"
         self.failure_reported = False
         self.elastic_pass = None  # elastic jobs: the newest work-queue pass this worker opened
@@ -299,24 +301,96 @@ class Communicator(CommunicatorAPI):
             for k, (b, start, _) in enumerate(wave):
                 yield b, start, got[k]
 
-    def pull_shard_chunks(self, pplan, row_bytes, budget=None):
-        """Yields (server index, {"ids", "values", "state.<key>": ...}) chunks of every
-        server's share of a distributed table, server by server; each server's first
-        chunk comes even when its share is empty (it carries the scalar state).
+    def shard_rows(self, pplan, row_bytes, budget=None):
+        """Rows of ``pplan`` (a distributed table) per chunk of a table read: as many as
+        ``budget`` bytes hold (default ``state_budget()``).
 
-        Blocks until each chunk arrives (bounded by the client timeout).
+        Raises:
+            ConfigError: one row does not fit a message (names FLEET_MAX_MESSAGE_BYTES).
         """
         budget = budget or self.state_budget()
         self._check_row_fits(pplan, row_bytes)
-        rows = max(1, budget // max(int(row_bytes), 1))
+        return max(1, budget // max(int(row_bytes), 1))
+
+    def open_snapshots(self, save_id, mode, tables):
+        """Asks every server at once to open a snapshot of each of ``tables`` ({name: rows
+        per chunk}; its share) for the save ``save_id`` of ``mode`` (0, 1, 2). On any
+        error the snapshots opened are closed again (nothing committed).
+
+        Returns:
+            {endpoint: {"totals": {table: rows}, "deleted": {table: tombstones},
+            "stats": {table: keeps statistics}}}.
+
+        Blocks until every server answered (bounded by the client timeout).
+        """
+        meta = {"save": save_id, "mode": int(mode), "tables": {n: int(r) for n, r in tables.items()}}
+        try:
+            replies = self._all({ep: ("open_snapshot", [], [], meta) for ep in self.endpoints})
+        except BaseException:
+            self.close_snapshots(save_id, commit=False, quiet=True)
+            raise
+        return {ep: reply.meta for ep, reply in replies.items()}
+
+    def close_snapshots(self, save_id, commit, quiet=False):
+        """Ends the save ``save_id`` on every server at once: ``commit`` makes each
+        snapshot its table's previous save, else they are released (nothing forgotten).
+
+        Args:
+            quiet: log errors instead of raising them (when closing after a failure,
+                whose exception is the one to report).
+
+        Raises:
+            ServerError / TransportError: a server refused or could not be reached
+                (unless ``quiet``).
+
+        Blocks until every server answered (bounded by the client timeout).
+        """
+        meta = {"save": save_id, "commit": bool(commit)}
+        try:
+            self._all({ep: ("close_snapshot", [], [], meta) for ep in self.endpoints})
+        except Exception as e:  # noqa: BLE001 - re-raised unless closing after another error
+            if not quiet:
+                raise
+            log.warning("fleet: closing the snapshots of save %s failed (%s); servers release them when this "
+                        "worker stops or is lost", save_id, e)
+
+    def pull_shard_chunks(self, pplan, row_bytes, budget=None, save=None):
+        """Yields (server index, {"ids", "values", "state.<key>", ...}) chunks of every
+        server's share of a distributed table, server by server; each server's first
+        chunk comes even when its share is empty (it carries the scalar state).
+
+        Args:
+            save: the id of a save whose snapshots ``open_snapshots`` opened: read them
+                (chunks may also hold ``stats``, first the admission sketch in slices of
+                at most ``budget`` bytes, ``sketch_shape`` and ``sketch``, and, last,
+                ``deleted`` tombstones).
+                None: read the live table (each chunk consistent in itself).
+
+        Blocks until each chunk arrives (bounded by the client timeout).
+        """
+        rows = self.shard_rows(pplan, row_bytes, budget)
         for index, ep in enumerate(self.endpoints):
-            meta = {"table": pplan.name, "rows": int(rows)}
+            meta = ({"table": pplan.name, "rows": int(rows)} if save is None else
+                    {"table": pplan.name, "save": save, "bytes": int(budget or self.state_budget())})
             while True:
                 reply = self._all({ep: ("pull_shard", [], [], meta)})[ep]
                 yield index, reply.as_dict()
                 if reply.meta.get("done"):
                     break
-                meta = {"table": pplan.name, "cursor": reply.meta["cursor"]}
+                if save is None:
+                    meta = {"table": pplan.name, "cursor": reply.meta["cursor"]}
+
+    def load_model(self, dirname, mode):
+        """Asks every server at once to load the save at ``dirname`` (mode 0: it and its
+        chain replace what they hold; mode 1: apply that delta). Blocks until every server
+        answered (bounded by the client timeout, FLEET_RPC_TIMEOUT_MS).
+
+        Returns:
+            {endpoint: {"dirname", "save_id", "step", "epoch"}} of what each now holds.
+        """
+        meta = {"dirname": dirname, "mode": int(mode)}
+        replies = self._all({ep: ("load_model", [], [], meta) for ep in self.endpoints})
+        return {ep: reply.meta for ep, reply in replies.items()}
 
     def checkpoint_info(self):
         """Returns {endpoint: {"dirname", "save_id", "step", "epoch"}}: the checkpoint each
@@ -330,8 +404,16 @@ class Communicator(CommunicatorAPI):
         replies = self._all({ep: ("lr_step", [], [], None) for ep in self.endpoints})
         return {ep: (reply.meta["step"] if reply.meta.get("schedule") else None) for ep, reply in replies.items()}
 
-    def prefetch(self, table, ids, is_test=False):
+    def prefetch(self, table, ids, is_test=False, shows=None, clicks=None):
         """Pulls the rows of ``table`` that ``ids`` name (blocks until they arrive).
+
+        Args:
+            table: the table's parameter name.
+            ids: int64 ids of a batch, with repeats.
+            is_test: a test lookup: nothing is created or counted.
+            shows, clicks: float32 per occurrence of ``ids`` (a ShowClickEntry's inputs),
+                or None. A training lookup of a table with statistics sends the sums per
+                unique id (shows default to occurrence counts, clicks to 0).
 
         Returns:
             PrefetchedRows with the sorted unique ids and their values.
@@ -339,11 +421,17 @@ class Communicator(CommunicatorAPI):
         Raises:
             DataError: an id outside an is_sparse table's rows (names table and id).
         """
+        pplan = self.plan.params.get(table)
+        if not is_test and pplan is not None and pplan.has_statistics:
+            uniq, show_sums, click_sums = unique_statistics(ids, shows, clicks)
+            return self.pull_rows(table, uniq, is_test, show_sums, click_sums)
         uniq = np.unique(np.asarray(ids, dtype=np.int64))
         return self.pull_rows(table, uniq, is_test)
 
-    def pull_rows(self, table, uniq, is_test=False):
-        """``prefetch`` of ids that are already sorted and unique (blocks)."""
+    def pull_rows(self, table, uniq, is_test=False, shows=None, clicks=None):
+        """``prefetch`` of ids that are already sorted and unique (blocks); ``shows`` and
+        ``clicks`` (float32, one per id) go with a training pull of a table with
+        statistics, split across the servers with the ids."""
         pplan = self.plan.params.get(table)
         if pplan is None:
             raise ConfigError(f"table {table!r} is not in this job's plan")
@@ -356,11 +444,19 @@ class Communicator(CommunicatorAPI):
                 f"[0, {pplan.rows}): hash them into the table size or enlarge size[0]")
         requests, slots = {}, {}
         if pplan.kind == DISTRIBUTED:
+            with_stats = shows is not None and not is_test
+            if with_stats and clicks is None:
+                clicks = np.zeros(len(uniq), dtype=np.float32)
             shard = np.mod(uniq, len(self.endpoints))
             for i, ep in enumerate(self.endpoints):
                 sel = np.flatnonzero(shard == i)
                 if len(sel):
-                    requests[ep] = ("pull_sparse", ["ids"], [uniq[sel]], {"table": table, "is_test": is_test})
+                    names, arrays = ["ids"], [uniq[sel]]
+                    if with_stats:
+                        names += ["shows", "clicks"]
+                        arrays += [np.ascontiguousarray(shows[sel], dtype=np.float32),
+                                   np.ascontiguousarray(clicks[sel], dtype=np.float32)]
+                    requests[ep] = ("pull_sparse", names, arrays, {"table": table, "is_test": is_test})
                     slots[ep] = sel
         else:
             which = pplan.block_of_rows(uniq)
@@ -377,6 +473,22 @@ class Communicator(CommunicatorAPI):
                 self._fill(values, slots[ep], reply)
         self._count("prefetches")
         return PrefetchedRows(table, uniq, values, pplan.rows if pplan.kind == SPARSE else 2 ** 63 - 1)
+
+    def shrink(self, first):
+        """``fleet.shrink()`` on the servers: every server shrinks each of its tables with
+        statistics when ``first`` (the first worker asks), else answers the counts of its
+        last shrink. Blocks until every server answered (bounded).
+
+        Returns:
+            {table: rows deleted, summed over the servers}.
+        """
+        meta = {} if first else {"report": True}
+        replies = self._all({ep: ("shrink", [], [], meta) for ep in self.endpoints})
+        total = {}
+        for reply in replies.values():
+            for name, count in reply.meta.get("deleted", {}).items():
+                total[name] = total.get(name, 0) + int(count)
+        return total
 
     @staticmethod
     def _fill(values, sel, reply):
@@ -432,10 +544,28 @@ class Communicator(CommunicatorAPI):
         was applied by the servers (acknowledged). Never blocks."""
         return True
 
-    def set_prefetch_inputs(self, tables):
+    def set_prefetch_inputs(self, tables, statistics=None):
         """Declares which fed variables hold the ids each table's prefetch reads:
-        {table: [data variable names]} (the runtime reads it from the program)."""
+        {table: [data variable names]}, and for tables whose statistics come from inputs
+        (a ShowClickEntry) {table: (show name, click name)} (the runtime reads both from
+        the program)."""
         self.prefetch_inputs = {t: list(names) for t, names in tables.items()}
+        self.statistics_inputs = {t: tuple(names) for t, names in (statistics or {}).items()}
+
+    def batch_statistics(self, table, feed):
+        """The (ids per occurrence, shows, clicks) a training prefetch of ``table`` sends
+        for a batch's ``feed`` (shows and clicks None without a ShowClickEntry), or None
+        when the feed lacks one of its inputs."""
+        values = [feed.get(n) for n in self.prefetch_inputs.get(table, ())]
+        if not values or any(v is None for v in values):
+            return None
+        names = self.statistics_inputs.get(table)
+        if names is None:
+            return flat_ids([getattr(v, "values", v) for v in values]), None, None
+        show, click = feed.get(names[0]), feed.get(names[1])
+        if show is None or click is None:
+            return None
+        return occurrence_statistics(values, show, click, names)
 
     # ------------------------------------------------------------------ TrainingHooks
     def end_pass(self):

@@ -428,7 +428,7 @@ class CollectiveCommunicator(GroupSteps, CommunicatorAPI):
         if self._failure is not None:
             raise self._failure
 
-    def prefetch(self, table, ids, is_test=False):
+    def prefetch(self, table, ids, is_test=False, shows=None, clicks=None):
         raise ConfigError(f"prefetch reads tables on servers, and a collective job has none (table {table!r} "
                           f"is on every worker)")
 

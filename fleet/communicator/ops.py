@@ -6,6 +6,7 @@ so a test clone of the program (``clone(for_test=True)``) prefetches with the sa
 communicator, pulls the dense parameters it reads and sends nothing (its ``send`` op is
 dropped with the optimizer role).
 """
+from fleet.communicator.statistics import occurrence_statistics
 from fleet.errors import ConfigError
 from fleet.framework.registry import OpDef, register_op
 from fleet.framework.tensor import flat_ids
@@ -22,14 +23,26 @@ def _communicator(ctx):
 
 @register_op
 class Prefetch(OpDef):
-    """Pulls the rows of a server-side table that this batch's ids need."""
+    """Pulls the rows of a server-side table that this batch's ids need.
+
+    A training lookup (neither the op's ``is_test`` nor a test clone) of a table with a
+    ShowClickEntry also reads the op's ``Show`` and ``Click`` inputs: each occurrence of
+    an id counts its example's show and click (see ``fleet.communicator.statistics``).
+    Test lookups send no statistics and create nothing."""
 
     type = "prefetch"
 
     def forward(self, ctx):
         comm = _communicator(ctx)
-        all_ids = flat_ids(ctx.inputs("Ids"))
-        rows = comm.prefetch(ctx.attrs["table"], all_ids, is_test=bool(ctx.attrs.get("is_test")))
+        table = ctx.attrs["table"]
+        is_test = bool(ctx.attrs.get("is_test")) or ctx.op.block.program._is_test
+        values = ctx.inputs("Ids")
+        if is_test or not ctx.op.input("Show"):
+            rows = comm.prefetch(table, flat_ids(values), is_test=is_test)
+        else:
+            names = (ctx.input_name("Show"), ctx.input_name("Click"))
+            ids, shows, clicks = occurrence_statistics(values, ctx.input("Show"), ctx.input("Click"), names)
+            rows = comm.prefetch(table, ids, is_test=False, shows=shows, clicks=clicks)
         ctx.local[ctx.output_name("Out")] = rows
 
 

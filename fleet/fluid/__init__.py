@@ -87,6 +87,7 @@ __all__ = sorted(set(_SUBMODULES) | set(_NAMES))
 
 
 def __getattr__(name):
+    importlib.import_module("fleet.local_tables")  # serves tables with entries in local training
     module = _SUBMODULES.get(name)
     if module is not None:
         return importlib.import_module(module)

@@ -23,16 +23,17 @@ def data(name, shape, dtype="float32", lod_level=0):
 
 
 def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=None, param_attr=None,
-              dtype="float32"):
+              dtype="float32", entry=None):
     """Looks up rows of a table (Paddle 1.8's ``fluid.embedding``, the ``lookup_table_v2``
     op): the output is the ids' shape with the width appended, so ids [batch, 1] give
     [batch, 1, width] (``fluid.layers.embedding`` drops that trailing 1) and ids
     [batch, k] give [batch, k, width]. A lod_level=1 input gives [ids, 1, width] rows
     per id for ids declared [-1, 1] and [ids, width] for ids declared [-1]. Arguments as
-    ``fluid.layers.embedding``.
+    ``fluid.layers.embedding`` (``entry``: admission of new ids of an is_distributed
+    table, see ``fleet.layers.sparse_embedding``).
     """
     out = layers.embedding(input, size, is_sparse=is_sparse, is_distributed=is_distributed,
-                           padding_idx=padding_idx, param_attr=param_attr, dtype=dtype)
+                           padding_idx=padding_idx, param_attr=param_attr, dtype=dtype, entry=entry)
     if len(input.shape) > 1 and input.shape[-1] == 1:
         out = layers.unsqueeze(out, axes=[len(out.shape) - 1])
     return out

@@ -109,7 +109,24 @@ def set_program_rewriter(rewrite):
     _program_rewriter = rewrite
 
 
+# Local training: the upper layer registers how programs whose tables it serves in
+# process (tables with an entry or accessor: ``fleet.local_tables``) run. A runtime's
+# rewriter above takes precedence (its programs talk to servers).
+_local_rewriter = None
+
+
+def set_local_rewriter(rewrite):
+    """Registers ``rewrite(program) -> program`` for programs run while no runtime's
+    rewriter is set (local training), or None to remove it; the same contract as
+    ``set_program_rewriter``."""
+    global _local_rewriter
+    _local_rewriter = rewrite
+
+
 def program_to_run(program):
-    """The program the executor runs for ``program`` (itself unless a runtime rewrites it)."""
+    """The program the executor runs for ``program``: a runtime's rewrite when one is
+    registered, else the local rewrite when one is registered, else ``program``."""
     rewrite = _program_rewriter
+    if rewrite is None:
+        rewrite = _local_rewriter
     return program if rewrite is None else rewrite(program)

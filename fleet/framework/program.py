@@ -116,19 +116,23 @@ class Parameter(Variable):
         learning_rate: a multiplier of the optimizer's learning rate.
         is_sparse: its gradient is sent as ``SparseRows`` (embedding tables).
         is_distributed: the table lives only on the servers, keyed by any int64 id.
+        entry: the admission entry of an ``is_distributed`` table as Paddle's attribute
+            string ("count_filter_entry:2", ...; ``fleet.entries.entry_from_attr`` parses
+            it), or None.
         regularizer: a ``fleet.regularizer`` object or None (the optimizer's then applies).
     """
 
     regularizer = None
 
     def __init__(self, block, name, shape, dtype="float32", initializer=None, trainable=True,
-                 learning_rate=1.0, is_sparse=False, is_distributed=False):
+                 learning_rate=1.0, is_sparse=False, is_distributed=False, entry=None):
         super().__init__(block, name, shape, dtype, persistable=True, stop_gradient=not trainable)
         self.initializer = initializer
         self.trainable = bool(trainable)
         self.learning_rate = float(learning_rate)
         self.is_sparse = bool(is_sparse)
         self.is_distributed = bool(is_distributed)
+        self.entry = entry or None
 
 
 class Operator:
@@ -369,7 +373,7 @@ class Program:
 
         Variables keep name, shape, dtype, lod level and flags; parameters also their
         optimizer settings (``trainable``, ``learning_rate``, ``is_sparse``,
-        ``is_distributed``) but not their initializer: a saved program runs with saved
+        ``is_distributed``, ``entry``) but not their initializer: a saved program runs with saved
         values. Ops keep type, inputs, outputs and attributes.
 
         Raises:
@@ -383,6 +387,8 @@ class Program:
             if isinstance(var, Parameter):
                 entry.update(parameter=True, trainable=var.trainable, learning_rate=var.learning_rate,
                              is_sparse=var.is_sparse, is_distributed=var.is_distributed)
+                if var.entry:
+                    entry["entry"] = var.entry
             variables.append(entry)
         ops = [{"type": op.type, "inputs": op.inputs, "outputs": op.outputs,
                 "attrs": {k: _encode_attr(v, op.type, k) for k, v in op.attrs.items()}}
@@ -412,7 +418,7 @@ class Program:
             if entry.get("parameter"):
                 var = Parameter(block, entry["name"], trainable=entry["trainable"],
                                 learning_rate=entry["learning_rate"], is_sparse=entry["is_sparse"],
-                                is_distributed=entry["is_distributed"], **common)
+                                is_distributed=entry["is_distributed"], entry=entry.get("entry"), **common)
                 var.persistable = bool(entry["persistable"])
                 var.stop_gradient = bool(entry["stop_gradient"])
             else:

@@ -5,7 +5,7 @@ Importing it also gives Variables Paddle's Python operators (``x + y``, ``1 - p`
 see ``fleet.layers.math_op_patch``)."""
 from fleet.layers import math_op_patch  # noqa: F401  (Variable operators)
 from fleet.layers.io import data
-from fleet.layers.nn import (concat, embedding, fc, sequence_pool, reshape, scale, cast,
+from fleet.layers.nn import (concat, embedding, sparse_embedding, fc, sequence_pool, reshape, scale, cast,
                              fill_constant, create_parameter)
 from fleet.layers.activation import (relu, sigmoid, tanh, softmax, square, sqrt, exp, log, abs,
                                      pow, clip, leaky_relu, prelu)
@@ -24,7 +24,7 @@ from fleet.layers.learning_rate_scheduler import (exponential_decay, natural_exp
                                                   polynomial_decay, piecewise_decay, noam_decay, cosine_decay,
                                                   linear_lr_warmup)
 
-__all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "reshape", "scale", "cast",
+__all__ = ["data", "embedding", "sparse_embedding", "fc", "concat", "sequence_pool", "reshape", "scale", "cast",
            "fill_constant", "create_parameter", "relu", "sigmoid", "tanh", "softmax", "square",
            "sqrt", "exp", "log", "abs", "pow", "clip", "leaky_relu", "prelu", "mean", "reduce_sum",
            "reduce_mean", "reduce_max", "reduce_min", "elementwise_add", "elementwise_sub",

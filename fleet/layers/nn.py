@@ -1,6 +1,7 @@
 """fc, embedding, concat, sequence_pool and shape layers."""
 import math
 
+from fleet.entries import CountFilterEntry, ProbabilityEntry, ShowClickEntry
 from fleet.errors import ConfigError
 from fleet.framework.program import normalize_dtype
 from fleet.layers.activation import apply_act, check_act
@@ -82,7 +83,7 @@ def _fc_weight(layer, x, size, num_flatten_dims, attr):
 
 
 def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=None,
-              param_attr=None, dtype="float32"):
+              param_attr=None, dtype="float32", entry=None):
     """Looks up rows of a table [size[0], size[1]] for int64 ids.
 
     Args:
@@ -94,27 +95,126 @@ def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=No
         padding_idx: an id whose rows are zero and get no gradient (negative counts
             from the end).
         param_attr: the table's ParamAttr or name; layers with the same name share it.
+        entry: admission of new ids (``fleet.CountFilterEntry``, ``fleet.ProbabilityEntry``
+            or ``fleet.ShowClickEntry``) for an ``is_distributed`` table; see
+            ``sparse_embedding``.
 
     Returns:
         A Variable [.., width] (lod_level as the input).
+
+    Raises:
+        ConfigError: ids not int64, a bad size or padding_idx, an entry on a table that is
+            not is_distributed, or an entry that is not one of the three.
     """
     check_var(input, "input", "embedding")
+    if entry is not None and not is_distributed:
+        raise ConfigError(
+            f"embedding entry={entry!r} admits ids of a table kept on the servers, but this table is not "
+            f"is_distributed: pass is_distributed=True (or use fleet.layers.sparse_embedding)")
+    return _lookup(input, size, bool(is_sparse or is_distributed), bool(is_distributed), padding_idx,
+                   param_attr, dtype, "embedding", _entry_attr(entry, input.block))
+
+
+def sparse_embedding(input, size, padding_idx=None, is_test=False, entry=None,
+                     table_class="MemorySparseTable", param_attr=None, dtype="float32", slot=None):
+    """Looks up rows of a large sparse table kept on the parameter servers (Paddle 2.x's
+    ``paddle.static.nn.sparse_embedding``): an ``is_distributed`` table keyed by any int64
+    id, with rows created on first use.
+
+    Args:
+        input: int64 ids, lod_level=1 (sequences) or [batch, 1].
+        size: [vocab, width]; only the width matters for the servers' table (any id is
+            accepted); in local training without an entry the table has size[0] rows.
+        padding_idx: an id whose rows are zero and get no gradient (negative counts from
+            the end), or None.
+        is_test: lookups only: unseen ids read as zero rows and nothing is created or
+            counted.
+        entry: admission of new ids, or None (every id gets a row on first sight):
+            ``fleet.CountFilterEntry(n)``, ``fleet.ProbabilityEntry(p)`` or
+            ``fleet.ShowClickEntry(show_name, click_name)`` (the names of two [batch, 1]
+            inputs of this program, declared before this call). An id not admitted reads
+            as zeros and its gradient is dropped. Locally such a table is served by an
+            in-process ``fleet.tables.SparseTable`` (``fleet.runtime.local_tables()``),
+            so local training admits as the servers do.
+        table_class: "MemorySparseTable" (Paddle 2.x's names "CommonSparseTable" and
+            "SSDSparseTable" are accepted and mean the same in-memory table).
+        param_attr: the table's ParamAttr or name (its initializer initializes new rows).
+        dtype: "float32".
+        slot: Paddle's feature slot id (an int kept on the op; unused by fleet).
+
+    Returns:
+        A Variable [.., width] (lod_level as the input).
+
+    Raises:
+        ConfigError: a table_class, dtype or entry Paddle refuses, a ShowClickEntry whose
+            show or click input is not in the program, or a bad size / padding_idx.
+    """
+    if table_class not in _TABLE_CLASSES:
+        raise ConfigError(f"sparse_embedding table_class={table_class!r}: table_class must be in "
+                          f"[{', '.join(_TABLE_CLASSES)}]")
+    if normalize_dtype(dtype) != "float32":
+        raise ConfigError(f"sparse_embedding dtype={dtype!r}: fleet's sparse tables hold float32 rows; "
+                          f"pass dtype='float32'")
+    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or slot < 0):
+        raise ConfigError(f"sparse_embedding slot={slot!r} must be a non-negative int or None")
+    check_var(input, "input", "sparse_embedding")
+    attrs = {"is_test": bool(is_test), "table_class": table_class, "slot": int(slot or 0),
+             "remote_prefetch": True}
+    return _lookup(input, size, True, True, padding_idx, param_attr, dtype, "sparse_embedding",
+                   _entry_attr(entry, input.block), attrs)
+
+
+_TABLE_CLASSES = ("MemorySparseTable", "CommonSparseTable", "SSDSparseTable")
+
+
+def _entry_attr(entry, block):
+    """Paddle's attribute string of ``entry`` ("none" for None), its inputs checked.
+
+    Raises:
+        ConfigError: not one of the three entries, or a ShowClickEntry input that is not
+            a variable of ``block``.
+    """
+    if entry is None:
+        return "none"
+    if not isinstance(entry, (CountFilterEntry, ProbabilityEntry, ShowClickEntry)):
+        raise ConfigError(
+            f"entry={entry!r}: entry must be instance in [fleet.ProbabilityEntry, fleet.CountFilterEntry, "
+            f"fleet.ShowClickEntry] (Paddle's paddle.distributed entries)")
+    if isinstance(entry, ShowClickEntry):
+        for what, name in (("show", entry.show_name), ("click", entry.click_name)):
+            if not block.has_var(name):
+                raise ConfigError(
+                    f"ShowClickEntry {what} input {name!r} is not a variable of this program: declare it "
+                    f"(fleet.layers.data({name!r}, shape=[1], dtype='float32')) before the embedding that "
+                    f"uses the entry, and feed it with every training batch")
+    return entry._to_attr()
+
+
+def _lookup(input, size, is_sparse, is_distributed, padding_idx, param_attr, dtype, layer, entry="none",
+            extra_attrs=None):
+    check_var(input, "input", layer)
     if input.dtype != "int64":
-        raise ConfigError(f"embedding input {input.name!r} must be int64 ids, got {input.dtype}")
+        raise ConfigError(f"{layer} input {input.name!r} must be int64 ids, got {input.dtype}")
     if (not isinstance(size, (list, tuple)) or len(size) != 2
             or not all(isinstance(d, int) and d > 0 for d in size)):
-        raise ConfigError(f"embedding size={size!r} must be [rows, width] of positive ints")
+        raise ConfigError(f"{layer} size={size!r} must be [rows, width] of positive ints")
     if padding_idx is not None and not -size[0] <= padding_idx < size[0]:
-        raise ConfigError(f"embedding padding_idx={padding_idx} must be in [{-size[0]}, {size[0]})")
-    table = _new_parameter("embedding", param_attr, list(size), dtype, suffix="w",
-                             is_sparse=bool(is_sparse or is_distributed),
-                             is_distributed=bool(is_distributed))
+        raise ConfigError(f"{layer} padding_idx={padding_idx} must be in [{-size[0]}, {size[0]})")
+    flags = {"is_sparse": is_sparse, "is_distributed": is_distributed}
+    table = _new_parameter("embedding", param_attr, list(size), dtype, suffix="w", **flags)
+    if entry != "none":
+        if table.entry not in (None, entry):
+            raise ConfigError(f"table {table.name!r} is shared with entry {table.entry!r} but requested with "
+                              f"{entry!r}: give every lookup of a shared table the same entry")
+        table.entry = entry
     lead = input.shape[:-1] if len(input.shape) > 1 and input.shape[-1] == 1 else input.shape
-    out = create_tmp("embedding", tuple(lead) + (size[1],), lod_level=input.lod_level)
+    out = create_tmp(layer, tuple(lead) + (size[1],), lod_level=input.lod_level)
     pad = -1 if padding_idx is None else (padding_idx + size[0] if padding_idx < 0 else padding_idx)
-    append_op("lookup_table", {"Ids": input, "W": table}, {"Out": out},
-              {"is_sparse": bool(is_sparse or is_distributed), "is_distributed": bool(is_distributed),
-               "padding_idx": pad})
+    attrs = dict(flags, padding_idx=pad)
+    if entry != "none" or extra_attrs:
+        attrs["entry"] = entry
+    attrs.update(extra_attrs or {})
+    append_op("lookup_table", {"Ids": input, "W": table}, {"Out": out}, attrs)
     return out
 
 

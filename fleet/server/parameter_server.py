@@ -25,9 +25,19 @@ applied, or per merged group of ``merge_pushes``); GEO workers evaluate it thems
 Paddle 1.x's pserver, which runs the schedule's block once at start (``RunAsyncLoop``
 runs block 1 only when no gradient is bound to it), so its rate stays at the first value.
 
+Tables with statistics (an entry or a CTR accessor in the plan): a training
+``pull_sparse`` goes through ``SparseTable.pull_train`` with the ids' "shows" and "clicks"
+the worker sends (checked at this boundary), a test pull creates nothing, and ``shrink``
+shrinks each such table and answers the rows deleted.
+
 Checkpoints (``fleet.server.checkpoint``): ``pull_state`` answers rows of blocks with
-their optimizer state, ``pull_shard`` reads a distributed table out chunk by chunk, and
-``load`` restores a server's share of a checkpoint saved whole.
+their optimizer state; a save of distributed tables sends ``open_snapshot`` (one
+point-in-time snapshot of every table of this server, opened in one handler call, so at
+the same instant), reads each with ``pull_shard`` chunk by chunk, and ends with
+``close_snapshot`` (``commit`` true once the save's directory is written: each table
+forgets the changes and tombstones it saved; false, or a worker lost or stopped first:
+the snapshots are released and nothing is forgotten). ``load`` restores a server's share
+of a checkpoint saved whole, ``apply_delta`` the share of a delta save.
 
 Liveness (every mode): a worker that stops sending heartbeats without having sent
 ``stop`` is lost (``check_liveness`` / ``fail_worker``). Unless the job is elastic, a lost
@@ -58,9 +68,12 @@ import numpy as np
 
 from fleet import schedules
 from fleet.endpoints import split_endpoint
+from fleet.entries import CtrAccessorConfig, entry_from_attr
 from fleet.errors import ConfigError, DataError, FleetError
+from fleet.framework import io as fio
+from fleet.framework.save_chain import check_next_delta, resolve_chain
 from fleet.rules import rule_from_op_attrs
-from fleet.server.checkpoint import ShardCursor, load_server_state
+from fleet.server.checkpoint import SaveSession, ShardCursor, apply_server_delta, load_server_state
 from fleet.server.work_queue import ElasticOps
 from fleet.tables.dense_table import DenseTable
 from fleet.tables.sparse_table import SparseTable
@@ -120,7 +133,7 @@ class ParameterServer(ElasticOps):
             rule = rule_from_op_attrs(pplan.rule_type, pplan.rule_attrs)
             if pplan.kind == DISTRIBUTED:
                 table = SparseTable(pplan.name, pplan.width, rule, pplan.init_spec,
-                                    seed=pplan.seed, track_workers=track)
+                                    seed=pplan.seed, track_workers=track, **table_options(pplan))
                 self.shards[pplan.name] = (pplan, table)
                 continue
             full = initial.get(pplan.name)
@@ -147,7 +160,8 @@ class ParameterServer(ElasticOps):
         self.requests = 0
         self.op_requests = {}  # op -> requests handled (telemetry; written by the handling thread only)
         self.last_seen = {}
-        self._cursors = {}  # (worker, table) -> ShardCursor of a table read out for saving
+        self._cursors = {}  # (worker, table) -> ShardCursor of a table read out without a snapshot
+        self._saves = {}  # worker -> SaveSession: the snapshots its save holds open
         self.loaded = {"dirname": None, "save_id": None, "step": None, "epoch": None}
         self.has_lr_schedule = self.mode != "geo" and any(
             p.lr_schedule is not None for p, _ in plan.blocks_on(endpoint))
@@ -156,6 +170,7 @@ class ParameterServer(ElasticOps):
         self.first_stop = None
         self._parked_since = {}  # "sync" / "barrier" / "exchange" -> when its first request was parked
         self._init_elastic()
+        self.last_shrink = {}  # table -> rows the last shrink deleted here
 
     # ------------------------------------------------------------------ helpers
     def _dense(self, name):
@@ -251,16 +266,39 @@ class ParameterServer(ElasticOps):
         req.reply(names=names, arrays=out)
 
     def _op_pull_sparse(self, req):
-        """Rows of an is_sparse block (global row ids) or of the distributed shard (ids)."""
+        """Rows of an is_sparse block (global row ids) or of the distributed shard (ids).
+
+        A training pull of a table with statistics (an entry or an accessor) carries the
+        ids' "shows" and "clicks" (float32, one per id) and goes through the table's
+        ``pull_train`` (admission and statistics); a test pull (``is_test``) never creates
+        or counts."""
         table_name = req.meta["table"]
         ids = req.arrays[0]
         if table_name in self.shards:
-            _, table = self._shard(table_name)
-            values = table.pull(ids, create=not req.meta.get("is_test", False))
+            pplan, table = self._shard(table_name)
+            if req.meta.get("is_test", False):
+                values = table.pull(ids, create=False)
+            elif pplan.has_statistics:
+                shows, clicks = _pull_statistics(req, table_name, len(ids))
+                values = table.pull_train(ids, shows, clicks)
+            else:
+                values = table.pull(ids, create=True)
         else:
             _, block, table = self._dense(table_name)
             values = table.pull_rows(ids - block.row_offset)
         req.reply(names=[table_name], arrays=[values])
+
+    def _op_shrink(self, req):
+        """Shrinks every table with statistics (decay, age, evict; see
+        ``SparseTable.shrink``) and answers {"deleted": {table: rows deleted}}; with
+        meta "report" it answers the last shrink's counts instead (the workers that did
+        not ask for the shrink learn its result)."""
+        if not req.meta.get("report"):
+            self._refuse_while_saving("shrink")
+            self.last_shrink = {name: int(table.shrink()) for name, (pplan, table) in sorted(self.shards.items())
+                                if pplan.has_statistics}
+            log.info("server %s: shrink deleted %s", self.endpoint, self.last_shrink)
+        req.reply(meta={"deleted": dict(self.last_shrink)})
 
     def _step_lr(self):
         """One update is about to be applied: the schedule's counter steps."""
@@ -507,6 +545,7 @@ class ParameterServer(ElasticOps):
         if not self.stopped:
             self.first_stop = time.monotonic()  # when the wait for the other workers' stop began
         self.stopped.add(req.worker)
+        self._close_save(req.worker, "it stopped")
         self._apply_pending()  # fewer workers now fill a window
         req.reply()
         log.info("server %s: worker %d stopped (%d of %d)", self.endpoint, req.worker,
@@ -537,6 +576,7 @@ class ParameterServer(ElasticOps):
         """
         if worker in self.stopped or worker in self.lost or not 0 <= worker < self.workers:
             return
+        self._close_save(worker, "it was lost")  # its snapshots are released, elastic or not
         if self.elastic is not None:
             self._forget_worker(worker, reason)
             return
@@ -611,10 +651,23 @@ class ParameterServer(ElasticOps):
         out.update({name: entry[1].state_dict() for name, entry in self.shards.items()})
         return out
 
-    def load(self, reader):
+    def load(self, reader, deltas=()):
         """Loads values and optimizer state of every block and table from a checkpoint
-        (a ``fleet.framework.io.VarsReader``); see ``fleet.server.checkpoint``."""
+        (a ``fleet.framework.io.VarsReader``), then applies each delta save of ``deltas``
+        (readers, in chain order); see ``fleet.server.checkpoint``."""
         load_server_state(self, reader)
+        for delta in deltas:
+            apply_server_delta(self, delta)
+            reader = delta
+        self._loaded_from(reader)
+
+    def load_delta(self, reader):
+        """Applies the delta save of ``reader`` onto what this server holds (its link is
+        the caller's to check: ``check_next_delta``)."""
+        apply_server_delta(self, reader)
+        self._loaded_from(reader)
+
+    def _loaded_from(self, reader):
         extra = reader.extra
         self.loaded = {"dirname": os.path.abspath(reader.dirname), "save_id": extra.get("save_id"),
                        "step": extra.get("step"), "epoch": extra.get("epoch")}
@@ -638,16 +691,126 @@ class ParameterServer(ElasticOps):
                 arrays.append(arr)
         req.reply(names=names, arrays=arrays)
 
+    def _op_open_snapshot(self, req):
+        """Opens a snapshot of each distributed table of meta ``tables`` ({name: most rows
+        per chunk}) for the save meta ``save`` (its id) of meta ``mode`` (0 all rows, 1
+        delta, 2 base). A save of this worker still open is closed first, without commit.
+        Answers meta ``totals`` ({table: rows}), ``deleted`` ({table: tombstones}) and
+        ``stats`` ({table: whether it keeps statistics}).
+        """
+        save_id, mode, tables = req.meta.get("save"), req.meta.get("mode"), req.meta.get("tables")
+        if not isinstance(save_id, str) or not save_id:
+            raise DataError(f"open_snapshot needs meta 'save' (the save's id); got {save_id!r}")
+        if mode not in (0, 1, 2) or isinstance(mode, bool):
+            raise DataError(f"open_snapshot meta 'mode' must be 0, 1 or 2; got {mode!r}")
+        if not isinstance(tables, dict) or not all(
+                isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in tables.values()):
+            raise DataError(f"open_snapshot needs meta 'tables': {{table name: rows per chunk >= 1}}; got {tables!r}")
+        chosen = {name: self._shard(name)[1] for name in tables}
+        self._close_save(req.worker, "it began another save")
+        session = SaveSession.open(save_id, req.worker, mode, chosen, tables)
+        self._saves[req.worker] = session
+        req.reply(meta={"totals": {n: c.total for n, c in session.cursors.items()},
+                        "deleted": {n: len(c.deleted) for n, c in session.cursors.items()},
+                        "stats": {n: bool(getattr(t, "has_statistics", False)) for n, t in chosen.items()}})
+
+    def _op_close_snapshot(self, req):
+        """Ends the save meta ``save`` of this worker: with meta ``commit`` true every
+        snapshot is committed (its rows and tombstones become the tables' previous save;
+        refused unless every snapshot was read to its end), else released. Closing a
+        save that is not open (already closed, e.g. when it failed) is a no-op; committing
+        one is an error."""
+        save_id, commit = req.meta.get("save"), bool(req.meta.get("commit", False))
+        session = self._saves.get(req.worker)
+        if session is None or session.save_id != save_id:
+            if commit:
+                raise DataError(f"save {save_id!r} of worker {req.worker} has no snapshots open on this server "
+                                f"(closed when the worker began another save, stopped or was lost); nothing "
+                                f"was committed, so the next delta keeps every change")
+            req.reply(meta={"committed": False})
+            return
+        del self._saves[req.worker]
+        if commit:
+            session.commit()
+        else:
+            session.close()
+        req.reply(meta={"committed": commit})
+
+    def _refuse_while_saving(self, what):
+        """Tables wait for open snapshots; this thread must not, or the save holding them
+        could never be read to its end.
+
+        Raises:
+            DataError: a save is open (names it and its worker).
+        """
+        if self._saves:
+            worker, session = next(iter(self._saves.items()))
+            raise DataError(f"{what} refused: save {session.save_id} of worker {worker} holds snapshots of this "
+                            f"server's tables; {what} after that save has ended (save and {what} from the same "
+                            f"worker, or separate them with fleet.barrier_worker())")
+
+    def _op_load_model(self, req):
+        """Loads a save into this server's blocks and tables while it serves (Paddle 2.x's
+        ``fleet.load_model``): meta ``dirname`` (a directory every server can read) and
+        ``mode``: 0 the save (a delta: its chain, base first) replaces what the server
+        holds; 1 the delta at ``dirname`` is applied onto it, which must follow the save
+        this server loaded last. Answers meta as ``checkpoint_info``.
+
+        Raises:
+            ConfigError: a link of the chain is missing or out of order, or a mode-1 load
+                of a save that is not the next delta (names both saves).
+        """
+        dirname, mode = req.meta.get("dirname"), req.meta.get("mode")
+        if not isinstance(dirname, str) or not dirname or mode not in (0, 1) or isinstance(mode, bool):
+            raise DataError(f"load_model needs meta 'dirname' (a str) and 'mode' (0 or 1); got {dirname!r}, {mode!r}")
+        self._refuse_while_saving("load_model")
+        if mode == 0:
+            dirs = resolve_chain(dirname)
+            self.load(fio.VarsReader(dirs[0]), [fio.VarsReader(d) for d in dirs[1:]])
+        else:
+            reader = fio.VarsReader(dirname)
+            check_next_delta(reader, self.loaded, f"server {self.endpoint}")
+            self.load_delta(reader)
+        log.info("server %s: loaded %s (mode %d)", self.endpoint, dirname, mode)
+        req.reply(meta=dict(self.loaded))
+
+    def _close_save(self, worker, why):
+        session = self._saves.pop(worker, None)
+        if session is not None:
+            log.info("server %s: the snapshots of save %s of worker %d are closed without commit: %s",
+                     self.endpoint, session.save_id, worker, why)
+            session.close()
+
     def _op_pull_shard(self, req):
         """The next chunk of this server's share of a distributed table, for saving.
 
-        Meta: ``table``, ``rows`` (most rows per chunk) and ``cursor`` (absent to start a
-        read; then the ``cursor`` of the previous answer). The answer holds ``ids``,
-        ``values`` and ``state.<key>`` arrays and meta ``cursor``, ``done``, ``total``.
-        A new read by the same worker of the same table drops an unfinished one.
+        With meta ``save`` (a save opened by ``open_snapshot``): meta ``table``; the next
+        chunk of that table's snapshot, whose first chunk also carries the scalar state,
+        whose first chunks carry a table's admission sketch (``sketch_shape``, then
+        ``sketch`` slices of at most meta ``bytes``, when given) and whose last chunks
+        carry the tombstones (``deleted``). Without it (a read of
+        the live table, each chunk consistent in itself): meta ``rows`` (most rows per
+        chunk) and ``cursor`` (absent to start a read; then the ``cursor`` of the previous
+        answer); a new read by the same worker of the same table drops an unfinished one.
+        The answer holds ``ids``, ``values``, ``state.<key>`` (and ``stats``) arrays and
+        meta ``cursor``, ``done``, ``total``.
         """
         name = req.meta.get("table")
         _, table = self._shard(name)
+        if "save" in req.meta:
+            session = self._saves.get(req.worker)
+            if session is None or session.save_id != req.meta["save"]:
+                raise DataError(f"save {req.meta['save']!r} of worker {req.worker} has no snapshots open on "
+                                f"this server; open them with open_snapshot first")
+            max_bytes = req.meta.get("bytes")
+            if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool)
+                                          or max_bytes < 1):
+                raise DataError(f"pull_shard meta 'bytes' must be an int >= 1 (most bytes of the admission "
+                                f"sketch per answer); got {max_bytes!r}")
+            chunk, done, total = session.next_chunk(name, max_bytes)
+            req.reply(names=list(chunk), arrays=list(chunk.values()),
+                      meta={"cursor": None, "done": done, "total": total})
+            return
         key = (req.worker, name)
         cursor_id = req.meta.get("cursor")
         if cursor_id is None:
@@ -675,6 +838,44 @@ class ParameterServer(ElasticOps):
         ``epoch`` (all None when it started fresh), and ``updates``: the pushes it has
         applied since it started."""
         req.reply(meta=dict(self.loaded, updates=self.updates))
+
+
+def table_options(pplan):
+    """The SparseTable keyword arguments of a distributed table's entry and accessor
+    (none for a plain table, which keeps no statistics)."""
+    options = {}
+    if pplan.entry is not None:
+        options["entry"] = entry_from_attr(pplan.entry)
+    if pplan.accessor is not None:
+        options["accessor"] = CtrAccessorConfig.from_dict(pplan.accessor)
+    return options
+
+
+def _pull_statistics(req, table, n):
+    """The (shows, clicks) float32 [n] arrays of a training pull of ``table`` (None, None
+    when the request has none: every id counts one show, no click).
+
+    Raises:
+        DataError: only one of them, or one that is not float32 [n] of finite values
+            >= 0 (names the table).
+    """
+    got = dict(zip(req.names[1:], req.arrays[1:]))
+    if not got:
+        return None, None
+    out = []
+    for key in ("shows", "clicks"):
+        value = got.get(key)
+        if value is None:
+            raise DataError(f"a training pull of table {table!r} carries {sorted(got)} but not {key!r}; "
+                            f"send both shows and clicks (float32, one per id) or neither")
+        if value.dtype != np.float32 or value.shape != (n,):
+            raise DataError(f"a training pull of table {table!r} has {key} of dtype {value.dtype} and shape "
+                            f"{list(value.shape)}; expected float32 [{n}] (one per id)")
+        if n and not (np.isfinite(value).all() and value.min() >= 0):
+            raise DataError(f"a training pull of table {table!r} has {key} that are negative or not finite; "
+                            f"shows and clicks are sums of counts >= 0")
+        out.append(value)
+    return out[0], out[1]
 
 
 def _grads(req):

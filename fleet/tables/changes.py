@@ -81,8 +81,58 @@ class ChangeTracker:
             clear_marks(self._bits[w].array, self._pending[w].array[: self._counts[w]])
             self._counts[w] = 0
 
+    def pending(self, worker):
+        """Returns a view of ``worker``'s pending rows (order of first change); valid until the next call."""
+        return self._pending[worker].array[: self._counts[worker]]
+
+    def remap(self, new_of_old):
+        """Renumbers every pending row r as ``new_of_old[r]`` (dropping rows mapped to -1).
+
+        For a table whose rows were compacted; the order of first change is kept.
+        """
+        for w in range(self.workers):
+            old = self.pending(w).copy()
+            clear_marks(self._bits[w].array, old)
+            new = new_of_old[old]
+            new = np.ascontiguousarray(new[new >= 0])
+            self._counts[w] = mark_rows(self._bits[w].array, self._pending[w].array, 0, new)
+
     def memory_bytes(self):
         """Bytes held by the bitmaps (rows covered) and pending lists (the most they held)."""
         nbytes = (self._rows + 7) // 8
         return sum(b.memory_bytes(nbytes) + p.memory_bytes(most)
                    for b, p, most in zip(self._bits, self._pending, self._most))
+
+
+class DeletedIds:
+    """The ids deleted since the table's last committed save (a delta save's tombstones).
+
+    Not thread-safe: the owning table calls it under its lock. An append-only int64 list
+    that grows in place; ``take`` hands it out and empties it.
+    """
+
+    def __init__(self):
+        self._ids = ReservedArray((), np.int64, 16)
+        self._count = 0
+        self._most = 0
+
+    def __len__(self):
+        return self._count
+
+    def append(self, ids):
+        """Appends int64 ``ids``."""
+        n = len(ids)
+        if n:
+            self._ids.ensure(self._count + n, self._count)[self._count:self._count + n] = ids
+            self._count += n
+            self._most = max(self._most, self._count)
+
+    def take(self):
+        """Returns the ids appended since the last take (a copy) and empties the list."""
+        out = self._ids.array[: self._count].copy()
+        self._count = 0
+        return out
+
+    def memory_bytes(self):
+        """Bytes held (the most ids the list ever held)."""
+        return self._ids.memory_bytes(self._most)

@@ -16,65 +16,39 @@ whatever order ids arrive in, and whatever path its growth took.
 Memory per row (SGD, dim 10): 40 bytes of values + 8 of id + 15-23 of hash slots between
 growths, up to 36 while the index holds a second slot array; a table growing to 100M rows
 stays under 8 GiB throughout.
+
+With an entry (``fleet.entries``) or a CTR accessor config the table also keeps
+statistics per row (show, click, unseen_days, delta_score: 16 bytes) and, with an
+entry, admits new ids only through ``pull_train`` (``fleet.tables.statistics``);
+``snapshot`` gives point-in-time copies for saves while training goes on
+(``fleet.tables.snapshot``).
 """
 import threading
 
 import numpy as np
 
+from fleet.entries import DEFAULT_SKETCH_WIDTH, AdmissionFilter, CtrAccessorConfig
 from fleet.errors import ConfigError, DataError
 from fleet.kernels import sparse
-from fleet.kernels.hashtable import (
-    INIT_CONSTANT,
-    INIT_NORMAL,
-    INIT_TRUNCATED_NORMAL,
-    INIT_UNIFORM,
-    HashIndex,
-    fill_rows,
-    init_rows,
-    take_rows,
-)
+from fleet.kernels.hashtable import HashIndex, fill_rows, init_rows, take_rows
 from fleet.kernels.reserved_array import ReservedArray
+from fleet.kernels.row_stats import STAT_COLUMNS, rows_unique
+from fleet.rules import unique_rows_update
 from fleet.tables.changes import ChangeTracker
+from fleet.tables.snapshot import SnapshotMixin
+from fleet.tables.statistics import StatisticsMixin
+from fleet.tables.table_state import as_ids, check_shape, need, parse_initializer, split_state
 
-_INITIALIZERS = {
-    "uniform": (INIT_UNIFORM, ("low", "high")),
-    "normal": (INIT_NORMAL, ("mean", "std")),
-    "truncated_normal": (INIT_TRUNCATED_NORMAL, ("mean", "std")),
-    "constant": (INIT_CONSTANT, ("value",)),
-}
+__all__ = ["SparseTable", "parse_initializer"]
 
 
-def parse_initializer(spec):
-    """Returns (kind, a, b) from ("uniform", low, high) | ("normal", mean, std) |
-    ("truncated_normal", mean, std) | ("constant", value).
-
-    Raises:
-        ConfigError: the spec is none of these (the message shows it and the forms).
-    """
-    forms = " | ".join(f"({name!r}, {', '.join(args)})" for name, (_, args) in _INITIALIZERS.items())
-    if not isinstance(spec, (tuple, list)) or not spec or spec[0] not in _INITIALIZERS:
-        raise ConfigError(f"initializer {spec!r} is not one of {forms}")
-    kind, args = _INITIALIZERS[spec[0]]
-    if len(spec) != 1 + len(args):
-        raise ConfigError(f"initializer {tuple(spec)!r} needs {len(args)} numbers: use one of {forms}")
-    try:
-        numbers = [float(x) for x in spec[1:]]
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"initializer {tuple(spec)!r} has a non-number argument; use one of {forms}") from e
-    if kind == INIT_UNIFORM and not numbers[0] <= numbers[1]:
-        raise ConfigError(f"initializer {tuple(spec)!r}: low must not exceed high")
-    if kind in (INIT_NORMAL, INIT_TRUNCATED_NORMAL) and numbers[1] < 0:
-        raise ConfigError(f"initializer {tuple(spec)!r}: std must be >= 0")
-    numbers += [0.0] * (2 - len(numbers))
-    return kind, numbers[0], numbers[1]
-
-
-class SparseTable:
+class SparseTable(StatisticsMixin, SnapshotMixin):
     """An int64-keyed embedding table with lazily created rows and optimizer state.
 
     Thread-safe: every method takes the table's lock; the numba kernels inside release
     the GIL, so different tables update in parallel. No method blocks on anything but
-    that lock.
+    that lock, except that ``snapshot``, ``shrink``, ``load_state_dict`` and
+    ``apply_delta`` first wait (bounded) for an open snapshot to close.
 
     Args:
         name: the table's parameter name (used in messages).
@@ -86,12 +60,20 @@ class SparseTable:
         track_workers: keep, for workers 0 .. n-1, the rows changed since each one's last
             ``pull_changed`` (GEO); 0 disables.
         capacity: rows to allocate room for up front.
+        entry: a ``fleet.entries`` entry (CountFilterEntry, ProbabilityEntry,
+            ShowClickEntry) or None: rows are then created only by admitted ``pull_train``
+            lookups, and pushes to ids without a row are dropped.
+        accessor: ``CtrAccessorConfig`` (or a dict for ``CtrAccessorConfig.from_dict``) or
+            None. With an entry or an accessor the table keeps statistics per row
+            (``has_statistics``); an entry alone uses the default config.
+        sketch_width: counters per row of the admission sketch (with an entry).
 
     Raises:
-        ConfigError: bad dim, initializer or rule state.
+        ConfigError: bad dim, initializer, rule state, entry or accessor.
     """
 
-    def __init__(self, name, dim, rule, initializer, seed=0, track_workers=0, capacity=1024):
+    def __init__(self, name, dim, rule, initializer, seed=0, track_workers=0, capacity=1024,
+                 entry=None, accessor=None, sketch_width=DEFAULT_SKETCH_WIDTH):
         if int(dim) < 1:
             raise ConfigError(f"sparse table {name!r}: dim must be >= 1; got {dim}")
         self.name = name
@@ -105,8 +87,26 @@ class SparseTable:
         self._seed64 = self.seed - (1 << 64) if self.seed >= (1 << 63) else self.seed
         self._init = parse_initializer(initializer)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a snapshot closes
         capacity = max(int(capacity), 16)
-        self._row_template, self._scalar_state = _split_state(rule, self.dim, name)
+        if isinstance(accessor, dict):
+            accessor = CtrAccessorConfig.from_dict(accessor)
+        if accessor is not None and not isinstance(accessor, CtrAccessorConfig):
+            raise ConfigError(f"sparse table {name!r}: accessor {accessor!r} is not a CtrAccessorConfig or dict")
+        self.entry = entry
+        self.has_statistics = entry is not None or accessor is not None
+        self.accessor = (accessor or CtrAccessorConfig()) if self.has_statistics else None
+        self._admission = None if entry is None else AdmissionFilter(entry, self.seed, self.accessor,
+                                                                      width=sketch_width)
+        # delta-save bookkeeping, started by the first snapshot (or load): see fleet.tables.snapshot
+        self._snapshot = None      # the open TableSnapshot
+        self._delta = None         # ChangeTracker(1): rows changed since the last committed save
+        self._deleted = None       # DeletedIds: ids deleted since then
+        self._all_changed = True   # no committed save yet, or a shrink since: a delta holds every row
+        self._row_template, self._scalar_state = split_state(rule, self.dim, name)
+        # non-lazy Adam decays every row's moments at every push (see fleet.rules.AdamRule)
+        self._rule_writes_every_row = getattr(rule, "lazy_mode", None) is False
+        self._apply_unique = unique_rows_update(rule) if self.has_statistics else None
         self._changes = ChangeTracker(track_workers, capacity) if track_workers else None
         self._make_storage(HashIndex(capacity), capacity)
 
@@ -127,21 +127,22 @@ class SparseTable:
             ids: int64 [n] (repeats allowed).
             create: create missing rows with their initial value (training); with False,
                 missing ids read as zero rows and nothing is created (Paddle's is_test).
+                A table with an entry never creates rows here (see ``pull_train``).
             out: optional float32 [n, dim] C-contiguous output.
         """
-        ids = _ids(ids, self.name)
+        ids = as_ids(ids, self.name)
         if out is None:
             out = np.empty((len(ids), self.dim), dtype=np.float32)
         elif out.shape != (len(ids), self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise DataError(f"sparse table {self.name!r}: out must be float32 C-contiguous {(len(ids), self.dim)}")
         with self._lock:
-            rows = self._rows(ids) if create else self._index.lookup(ids)
+            rows = self._rows(ids) if create and self._admission is None else self._index.lookup(ids)
             take_rows(self._values, rows, out)
         return out
 
     def contains(self, ids):
         """Returns a bool [n] array: which ids have a row. Creates nothing."""
-        ids = _ids(ids, self.name)
+        ids = as_ids(ids, self.name)
         with self._lock:
             return self._index.lookup(ids) >= 0
 
@@ -169,7 +170,8 @@ class SparseTable:
     def push(self, ids, grads, lr):
         """Applies the optimizer rule to the rows of ``ids`` with gradient rows ``grads``.
 
-        Missing rows are created first. Duplicate ids are merged by the rule (summed).
+        Missing rows are created first; with an entry, ids without a row are dropped
+        instead. Duplicate ids are merged by the rule (summed).
 
         Args:
             ids: int64 [n]; grads: float32 [n, dim]; lr: learning rate (float).
@@ -177,39 +179,46 @@ class SparseTable:
         Raises:
             DataError: grads is not [len(ids), dim].
         """
-        ids = _ids(ids, self.name)
+        ids = as_ids(ids, self.name)
         grads = self._rows_arg(grads, len(ids), "grads")
         with self._lock:
-            rows = self._rows(ids)
+            rows, grads = self._rows_to_write(ids, grads)
+            self._before_write(rows, every_row=self._rule_writes_every_row)
             size = self._index.size
             state = self._state_view(size)
-            self.rule.apply_sparse(self._values[:size], rows, grads, state, float(lr))
+            apply = self.rule.apply_sparse
+            if self._apply_unique is not None and rows_unique(self._unique_bits.array, rows):
+                apply = self._apply_unique  # no merge needed
+            apply(self._values[:size], rows, grads, state, float(lr))
             self._keep_scalars(state)
-            if self._changes is not None:
-                self._changes.mark(rows)
+            self._mark(rows)
+            if self._rule_writes_every_row and self._delta is not None:
+                self._all_changed = True  # every row's moments decayed: the next delta holds every row
 
     def push_rows(self, sparse_rows, lr):
         """``push`` of a SparseRows-like object whose ``rows`` are ids and ``values`` gradients."""
         self.push(sparse_rows.rows, sparse_rows.values, lr)
 
     def add(self, ids, deltas):
-        """Adds ``deltas`` to the rows of ``ids`` (GEO); repeats accumulate; missing rows are created.
+        """Adds ``deltas`` to the rows of ``ids`` (GEO); repeats accumulate; missing rows are created
+        (with an entry: dropped).
 
         Raises:
             DataError: deltas is not [len(ids), dim].
         """
-        ids = _ids(ids, self.name)
+        ids = as_ids(ids, self.name)
         deltas = self._rows_arg(deltas, len(ids), "deltas")
         with self._lock:
-            rows = self._rows(ids)
+            rows, deltas = self._rows_to_write(ids, deltas)
+            self._before_write(rows)
             sparse.scatter_add(self._values, rows, deltas)
-            if self._changes is not None:
-                self._changes.mark(rows)
+            self._mark(rows)
 
     # ------------------------------------------------------------------- save / load
 
     def state_dict(self):
-        """Returns copies of every array: ``ids`` [n], ``values`` [n, dim], ``state.<name>``.
+        """Returns copies of every array: ``ids`` [n], ``values`` [n, dim], ``state.<name>``
+        (and ``stats`` [n, 4] with statistics).
 
         Rows are in creation order; per-row state has one row per id, scalar state its own
         shape. ``load_state_dict`` of the result rebuilds a bit-identical table.
@@ -242,26 +251,32 @@ class SparseTable:
         """Replaces the table's content with ``state`` (as ``state_dict`` returns).
 
         ``ids`` may be any unique subset of ids (e.g. one server's share after a
-        re-split); rows get numbers in the given order. Pending changed rows are cleared.
+        re-split); rows get numbers in the given order. ``stats`` [n, 4] is optional
+        (zeros without it). Pending changed rows are cleared and the loaded content
+        counts as the previous save of the next delta. Waits (bounded) for an open snapshot.
 
         Raises:
-            ConfigError: a key is missing, an id repeats, or a shape or dtype does not fit.
+            ConfigError: a key is missing, an id repeats, or a shape or dtype does not fit;
+                ``stats`` given to a table without statistics.
+            FleetTimeoutError: an open snapshot did not close in time.
         """
-        ids = _ids(_need(state, "ids", self.name), self.name)
+        ids = as_ids(need(state, "ids", self.name), self.name)
         n = len(ids)
-        values = _need(state, "values", self.name)
-        _check_shape(values, (n, self.dim), np.float32, "values", self.name)
+        values = need(state, "values", self.name)
+        check_shape(values, (n, self.dim), np.float32, "values", self.name)
         rows_in = {}
         for key, row in self._row_template.items():
-            arr = _need(state, f"state.{key}", self.name)
-            _check_shape(arr, (n, self.dim), row.dtype, f"state.{key}", self.name)
+            arr = need(state, f"state.{key}", self.name)
+            check_shape(arr, (n, self.dim), row.dtype, f"state.{key}", self.name)
             rows_in[key] = arr
         scalars_in = {}
         for key, arr0 in self._scalar_state.items():
-            arr = _need(state, f"state.{key}", self.name)
-            _check_shape(arr, arr0.shape, arr0.dtype, f"state.{key}", self.name)
+            arr = need(state, f"state.{key}", self.name)
+            check_shape(arr, arr0.shape, arr0.dtype, f"state.{key}", self.name)
             scalars_in[key] = arr
+        stats = self._stats_arg(state, n)
         with self._lock:
+            self._wait_for_snapshot("load_state_dict", None)
             index = HashIndex()
             index.load_ids(ids)
             self._make_storage(index, max(n, 16))
@@ -270,14 +285,57 @@ class SparseTable:
                 self._row_state[key][:n] = arr
             for key, arr in scalars_in.items():
                 self._scalar_state[key] = np.array(arr, copy=True)
+            if self.has_statistics:
+                self._stats[:n] = 0.0 if stats is None else stats
             if self._changes is not None:
                 self._changes.clear()
                 self._changes.ensure_rows(max(n, 16))
+            self._start_delta_tracking(reset=True)
+
+    @property
+    def sketch_shape(self):
+        """(depth, width) of the admission sketch, or None for a table without an entry."""
+        return None if self._admission is None else (self._admission.depth, self._admission.width)
+
+    def sketch(self):
+        """Returns a uint8 [depth, width] copy of the admission sketch (None without an entry).
+        Thread-safe."""
+        with self._lock:
+            return None if self._admission is None else self._admission.state_dict()["sketch"]
+
+    def load_sketch(self, sketch, source="the save"):
+        """Replaces the admission sketch's counters by ``sketch`` (uint8 [depth, width]; None:
+        all zeros, as a fresh table). A table without an entry ignores it. Thread-safe.
+
+        Args:
+            source: what the sketch comes from, for the error message.
+
+        Raises:
+            ConfigError: the sketch has another shape or dtype than this table's (names
+                both and the fix).
+        """
+        if self._admission is None:
+            return
+        want = (self._admission.depth, self._admission.width)
+        if sketch is not None:
+            sketch = np.asarray(sketch)
+            if sketch.dtype != np.uint8 or sketch.shape != want:
+                raise ConfigError(
+                    f"sparse table {self.name!r}: the admission sketch of {source} is {sketch.dtype}"
+                    f"{list(sketch.shape)} (depth, width), but this table's is uint8{list(want)}; build the "
+                    f"table with the width it was saved with (sketch_width={sketch.shape[-1]}), or load "
+                    f"without the sketch (candidates' counts start from zero)")
+        with self._lock:
+            if sketch is None:
+                self._admission.load_state_dict({"sketch": np.zeros(want, np.uint8)})
+            else:
+                self._admission.load_state_dict({"sketch": sketch})
 
     # ----------------------------------------------------------------------- memory
 
     def memory_bytes(self):
-        """Bytes the table occupies: rows in use (values + per-row state), the index, tracking.
+        """Bytes the table occupies: rows in use (values, per-row state, statistics), the index,
+        the admission sketch, tracking and an open snapshot's preserved rows.
 
         Capacity past ``size`` is not counted: it is never written, so the OS does not back
         it with memory (within a reservation, whole pages of the rows in use are counted).
@@ -290,7 +348,7 @@ class SparseTable:
             total += sum(a.nbytes for a in self._scalar_state.values())
             if self._changes is not None:
                 total += self._changes.memory_bytes()
-            return total
+            return total + self._extra_memory_bytes(size)
 
     def bytes_per_row(self):
         """``memory_bytes() / size`` (0.0 for an empty table)."""
@@ -298,8 +356,10 @@ class SparseTable:
         return self.memory_bytes() / size if size else 0.0
 
     def __repr__(self):
+        extra = "" if self.entry is None else f", entry={self.entry._to_attr()!r}"
+        extra += "" if self.accessor is None else ", statistics"
         return (f"SparseTable({self.name!r}, dim={self.dim}, rows={self.size}, "
-                f"rule={type(self.rule).__name__}, initializer={self.initializer!r}, seed={self.seed})")
+                f"rule={type(self.rule).__name__}, initializer={self.initializer!r}, seed={self.seed}{extra})")
 
     # ---------------------------------------------------------------------- private
 
@@ -314,7 +374,36 @@ class SparseTable:
             init_rows(self._values, self._index.row_ids, before, after, kind, a, b, self._seed64)
             for key, row in self._row_template.items():
                 fill_rows(self._row_state[key], before, after, row)
+            if self.has_statistics:
+                fill_rows(self._stats, before, after, _ZERO_STATS)
+            if self._delta is not None:
+                self._mark_delta(np.arange(before, after, dtype=np.int64))
         return rows
+
+    def _rows_to_write(self, ids, rows_arg):
+        """(rows, rows_arg) of a push or add: missing rows created, or with an entry dropped."""
+        if self._admission is None:
+            return self._rows(ids), rows_arg
+        rows = self._index.lookup(ids)
+        found = rows >= 0
+        if found.all():
+            return rows, rows_arg
+        return rows[found], rows_arg[found]
+
+    def _before_write(self, rows, every_row=False):
+        """Lets an open snapshot keep the old content of ``rows`` (or of every row) before they change."""
+        if self._snapshot is not None:
+            if every_row:
+                self._snapshot._preserve_all()
+            else:
+                self._snapshot._preserve(rows)
+
+    def _mark(self, rows):
+        """Marks ``rows`` changed for GEO workers and for the next delta save."""
+        if self._changes is not None:
+            self._changes.mark(rows)
+        if self._delta is not None:
+            self._mark_delta(rows)
 
     def _make_storage(self, index, capacity):
         """Takes ``index`` and fresh per-row arrays with room for ``capacity`` rows."""
@@ -324,6 +413,10 @@ class SparseTable:
                               for key, row in self._row_template.items()}
         self._values = self._value_store.array
         self._row_state = {key: store.array for key, store in self._state_stores.items()}
+        self._stats_store = ReservedArray((STAT_COLUMNS,), np.float32, capacity) if self.has_statistics else None
+        self._stats = None if self._stats_store is None else self._stats_store.array
+        # tables with statistics (pushes of unique ids, as pull_train's) skip the merge when rows are unique
+        self._unique_bits = ReservedArray((), np.uint8, capacity // 8 + 1, zeroed=True) if self.has_statistics else None
 
     def _ensure_capacity(self, rows, size):
         """Makes room for ``rows`` rows, keeping the first ``size`` (those initialized).
@@ -333,8 +426,13 @@ class SparseTable:
         self._values = self._value_store.ensure(rows, size)
         for key, store in self._state_stores.items():
             self._row_state[key] = store.ensure(rows, size)
+        if self._stats_store is not None:
+            self._stats = self._stats_store.ensure(rows, size)
+            self._unique_bits.ensure(rows // 8 + 1, size // 8 + 1)
         if self._changes is not None:
             self._changes.ensure_rows(rows)
+        if self._delta is not None:
+            self._delta.ensure_rows(rows)
 
     def _state_view(self, size):
         state = {key: arr[:size] for key, arr in self._row_state.items()}
@@ -352,6 +450,8 @@ class SparseTable:
             out[f"state.{key}"] = arr[start:stop].copy()
         for key, arr in self._scalar_state.items():
             out[f"state.{key}"] = np.array(arr, copy=True)
+        if self.has_statistics:
+            out["stats"] = self._stats[start:stop].copy()
         return out
 
     def _rows_arg(self, values, n, what):
@@ -364,46 +464,5 @@ class SparseTable:
         return values
 
 
-def _split_state(rule, dim, name):
-    """Returns ({row state: initial row}, {scalar state: array}) from ``rule.init_state``."""
-    state = rule.init_state((2, dim))
-    missing = [key for key in rule.state_names if key not in state]
-    if missing:
-        raise ConfigError(f"sparse table {name!r}: rule {rule!r} init_state() lacks {missing}")
-    row_names = getattr(rule, "row_state_names", None)
-    if row_names is None:
-        row_names = [key for key, arr in state.items() if np.shape(arr) == (2, dim)]
-    rows, scalars = {}, {}
-    for key, arr in state.items():
-        arr = np.asarray(arr)
-        if key in row_names:
-            if arr.shape != (2, dim):
-                raise ConfigError(f"sparse table {name!r}: per-row state {key!r} has shape {arr.shape}, "
-                                  f"expected {(2, dim)} from init_state((2, {dim}))")
-            rows[key] = np.ascontiguousarray(arr[0])
-        else:
-            scalars[key] = np.array(arr, copy=True)
-    return rows, scalars
 
-
-def _ids(ids, name):
-    ids = np.asarray(ids)
-    if ids.dtype == np.int64 and ids.ndim == 1 and ids.flags.c_contiguous:
-        return ids
-    if ids.size and not np.issubdtype(ids.dtype, np.integer):
-        raise DataError(f"sparse table {name!r}: ids must be integers; got dtype {ids.dtype}")
-    return np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-
-
-def _need(state, key, name):
-    if key not in state:
-        raise ConfigError(f"sparse table {name!r}: the state to load has no {key!r}; keys are {sorted(state)}")
-    return np.asarray(state[key])
-
-
-def _check_shape(arr, shape, dtype, key, name):
-    if arr.shape != tuple(shape) or arr.dtype != dtype:
-        raise ConfigError(
-            f"sparse table {name!r}: {key!r} to load is {arr.dtype}{list(arr.shape)}, "
-            f"expected {np.dtype(dtype)}{list(shape)}"
-        )
+_ZERO_STATS = np.zeros(STAT_COLUMNS, dtype=np.float32)

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from fleet import schedules
+from fleet.entries import CtrAccessorConfig
 from fleet.errors import ConfigError
 from fleet.framework.program import OPTIMIZE, Parameter
 
@@ -46,6 +47,9 @@ class ParamPlan:
 
     ``learning_rate`` is the rate itself, or with a ``lr_schedule`` (a
     ``fleet.schedules`` spec) the parameter's multiplier of the schedule's rate.
+    A distributed table may have ``entry`` (Paddle's attribute string of its admission
+    entry) and ``accessor`` (the CTR accessor fields the strategy set for it, a dict);
+    with either it keeps per-row statistics (``has_statistics``).
     """
 
     name: str
@@ -59,6 +63,13 @@ class ParamPlan:
     init_spec: tuple = None
     seed: int = 0
     lr_schedule: dict = None
+    entry: str = None
+    accessor: dict = None
+
+    @property
+    def has_statistics(self):
+        """True for a distributed table with an entry or an accessor config."""
+        return self.kind == DISTRIBUTED and (self.entry is not None or self.accessor is not None)
 
     @property
     def width(self):
@@ -117,6 +128,10 @@ class DistPlan:
     def distributed_tables(self):
         return [p for p in self.params.values() if p.kind == DISTRIBUTED]
 
+    def statistics_tables(self):
+        """The distributed tables that keep per-row statistics (an entry or an accessor)."""
+        return [p for p in self.params.values() if p.has_statistics]
+
 
 def _optimizer_ops(program):
     return [op for op in program.global_block().ops if op.attr("op_role") == OPTIMIZE
@@ -160,6 +175,34 @@ def _lr_begin(block):
     return 0
 
 
+def table_accessor(strategy, table):
+    """The CTR accessor fields ``strategy`` sets for distributed table ``table`` (a dict),
+    or None."""
+    get = getattr(strategy, "sparse_table_config", None)
+    fields = get(table) if get is not None else None
+    if fields is None:
+        return None
+    try:
+        return CtrAccessorConfig.from_dict(fields).to_dict()
+    except ConfigError as e:
+        raise ConfigError(f"set_sparse_table_config for table {table!r}: {e}") from e
+
+
+def check_table_configs(strategy, distributed):
+    """Refuses accessor configs set for tables that are not distributed tables of the program.
+
+    Raises:
+        ConfigError: names the unknown table and the program's distributed tables.
+    """
+    names = getattr(strategy, "sparse_table_names", None)
+    for name in names() if names is not None else ():
+        if name not in distributed:
+            raise ConfigError(
+                f"set_sparse_table_config names table {name!r}, which is not a distributed table of this "
+                f"program; its distributed tables are {sorted(distributed)} (sparse_embedding / embedding with "
+                f"is_distributed=True): pass one of them, or table_name=None for every table")
+
+
 def build_plan(program, strategy, server_endpoints, worker_num):
     """Computes the placement of ``program``'s trainable parameters.
 
@@ -171,7 +214,8 @@ def build_plan(program, strategy, server_endpoints, worker_num):
 
     Raises:
         ConfigError: two distributed tables (Paddle allows one), GEO with a distributed
-            table, or no optimizer ops (minimize was not called).
+            table, no optimizer ops (minimize was not called), an entry on a table that
+            is not distributed, or an accessor config for a table the program lacks.
     """
     config = strategy.get_program_config()
     if not server_endpoints:
@@ -209,11 +253,18 @@ def build_plan(program, strategy, server_endpoints, worker_num):
             except NotImplementedError:
                 plan.init_spec = None
         plan.seed = program._paired.seed_for(param.name) if program._paired else 0
+        if kind == DISTRIBUTED:
+            plan.entry = getattr(param, "entry", None)
+            plan.accessor = table_accessor(strategy, param.name)
+        elif getattr(param, "entry", None):
+            raise ConfigError(f"table {param.name!r} has entry {param.entry!r} but is not is_distributed: "
+                              f"entries admit ids of tables kept on the servers; pass is_distributed=True")
         params[param.name] = plan
     if strategy.mode == "hybrid" and not params:
         raise ConfigError("HybridStrategy keeps the is_sparse / is_distributed tables on the servers, but this "
                           "program has none (every parameter is dense): use strategies.CollectiveStrategy() "
                           "without servers, or mark the embeddings is_sparse=True")
+    check_table_configs(strategy, distributed)
     if len(distributed) > 1:
         raise ConfigError(f"all distributed lookup_table_ops should have only one table (got {distributed})")
     if distributed and strategy.mode == "geo":

@@ -21,6 +21,8 @@ The startup program loses the initializers of the parameters the servers own: th
 are pulled by ``init_worker``, and running the startup program afterwards must not
 overwrite them.
 """
+from fleet.entries import ShowClickEntry, entry_from_attr
+from fleet.errors import ConfigError
 from fleet.framework.passes import table_readers
 from fleet.framework.program import FORWARD, OPTIMIZE, Operator
 from fleet.transpiler.plan import DENSE
@@ -51,7 +53,7 @@ def transpile_worker(main, startup, plan):
                 continue
             kept.append(op)
         ops[:] = kept
-    _insert_prefetches(block, remote)
+    insert_prefetches(block, remote)
     if mode != "geo":
         _insert_pull_dense(block, plan, only_in_test=True)
     grads = [p.grad for p in plan.params.values() if p.grad in block.vars]
@@ -97,7 +99,7 @@ def transpile_eval(program, plan):
     new._is_test = program._is_test
     block = new.global_block()
     remote = {t for t in _remote_tables(plan, plan.mode) if table_readers(block.ops, t)[0] is not None}
-    _insert_prefetches(block, remote, is_test=program._is_test)
+    insert_prefetches(block, remote, is_test=program._is_test)
     if plan.mode != "geo":
         _insert_pull_dense(block, plan, only_in_test=False)
     _mark_remote(block, remote)
@@ -106,17 +108,48 @@ def transpile_eval(program, plan):
     return new
 
 
-def _insert_prefetches(block, remote, is_test=False):
-    """One prefetch per remote table, before its first reader."""
+def insert_prefetches(block, remote, is_test=False):
+    """Inserts one prefetch op per table of ``remote`` before its first reader in
+    ``block`` (``is_test``: test lookups). A table with an entry gets the entry as an
+    attribute, and with a ShowClickEntry (in training) its show and click inputs.
+
+    Raises:
+        ConfigError: a ShowClickEntry input that is not a variable of the block.
+    """
     ops = block.ops
     for table in sorted(remote):
         first, id_vars = table_readers(ops, table)
         if first is None:
             continue
         attrs = {"table": table, "op_role": FORWARD, "padding_idx": ops[first].attr("padding_idx", -1)}
+        inputs = {"Ids": id_vars}
+        param = block.vars.get(table)
+        entry = getattr(param, "entry", None)
+        is_test = is_test or bool(ops[first].attr("is_test"))
+        if entry:
+            attrs["entry"] = entry
+            if not is_test:
+                inputs.update(statistics_inputs(block, table, entry))
         if is_test:
             attrs["is_test"] = True
-        ops.insert(first, Operator(block, PREFETCH, {"Ids": id_vars}, {"Out": [table]}, attrs))
+        ops.insert(first, Operator(block, PREFETCH, inputs, {"Out": [table]}, attrs))
+
+
+def statistics_inputs(block, table, entry):
+    """The prefetch op's Show and Click inputs of a table with a ShowClickEntry ({} for
+    other entries).
+
+    Raises:
+        ConfigError: the entry's show or click input is not a variable of ``block``.
+    """
+    parsed = entry_from_attr(entry)
+    if not isinstance(parsed, ShowClickEntry):
+        return {}
+    for what, name in (("show", parsed.show_name), ("click", parsed.click_name)):
+        if not block.has_var(name):
+            raise ConfigError(f"table {table!r} has ShowClickEntry whose {what} input {name!r} is not a variable "
+                              f"of this program: declare it with fleet.layers.data and feed it")
+    return {"Show": [parsed.show_name], "Click": [parsed.click_name]}
 
 
 def _insert_pull_dense(block, plan, only_in_test):

@@ -11,6 +11,7 @@ import fleet.framework as fw
 from fleet.communicator.sync import SyncCommunicator
 from fleet.errors import FleetError, ServerError
 from fleet.framework import io as fio
+from fleet.framework.save_chain import resolve_chain
 from fleet.server.checkpoint import initial_values
 from fleet.server.parameter_server import ParameterServer
 from fleet.transpiler.plan import build_plan
@@ -88,19 +89,21 @@ def startup_values(startup):
 
 
 class Cluster:
-    """n servers of ``main``'s plan (fresh from ``startup`` or loaded from ``dirname``)
-    and a worker communicator talking to them through FakeClients."""
+    """n servers of ``main``'s plan (fresh from ``startup`` or loaded from ``dirname``, a
+    save or the last save of a chain, as ``init_server`` loads it) and a worker
+    communicator talking to them through FakeClients."""
 
     def __init__(self, main, startup, strategy, n, dirname=None, max_message_bytes=1 << 30, workers=1):
         self.plan = build_plan(main, strategy, endpoints(n), workers)
         self.servers = {}
-        reader = fio.VarsReader(dirname) if dirname is not None else None
+        chain = resolve_chain(dirname) if dirname is not None else None
+        reader = fio.VarsReader(chain[0]) if chain is not None else None
         fresh = startup_values(startup) if reader is None else None
         for ep in self.plan.server_endpoints:
             initial = fresh if reader is None else initial_values(reader, self.plan, ep)
             ps = ParameterServer(ep, self.plan, initial)
             if reader is not None:
-                ps.load(reader)
+                ps.load(reader, [fio.VarsReader(d) for d in chain[1:]])
             self.servers[ep] = ps
         self.clients = {}
 
@@ -136,6 +139,11 @@ class Cluster:
             for name, (pplan, table) in ps.shards.items():
                 state = table.state_dict()
                 row_keys = {"values"} | {f"state.{k}" for k in table.rule.row_state_names}
+                if getattr(table, "has_statistics", False):
+                    state["stats"] = table.statistics(state["ids"])
+                    row_keys.add("stats")
+                for key in set(state) - row_keys - {"ids"}:  # scalar state, per server
+                    out[f"{name}_{key[6:]}@{self.plan.server_endpoints.index(ps.endpoint)}"] = state[key]
                 rows = tables.setdefault(name, {})
                 for i, row_id in enumerate(state["ids"]):
                     rows[int(row_id)] = {k: state[k][i] for k in row_keys}

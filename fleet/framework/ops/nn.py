@@ -1,7 +1,7 @@
 """Neural-network ops: fc, embedding lookup, sequence pooling and the losses."""
 import numpy as np
 
-from fleet.errors import DataError
+from fleet.errors import ConfigError, DataError
 from fleet.framework import lod
 from fleet.framework.ops.activation_ops import sigmoid_into, softmax_into
 from fleet.framework.registry import OpDef, register_op
@@ -121,6 +121,13 @@ def _table_and_ids(ctx, w, flat):
             pos = int(np.searchsorted(w.ids, pad))
             pad = pos if pos < len(w.ids) and w.ids[pos] == pad else -1
         return w.values, w.local(flat), pad
+    entry = ctx.attrs.get("entry")
+    if entry not in (None, "none") and not ctx.attrs.get("is_test") and not ctx.op.block.program._is_test:
+        raise ConfigError(
+            f"table {ctx.input_name('W')!r} has entry {entry!r}, so its training lookups must go through a "
+            f"sparse table that admits ids (the servers', or fleet's local tables), not a plain array: "
+            f"import fleet and run the program with a fleet Executor (fleet.Executor()), which serves such "
+            f"tables locally")
     _check_ids(ctx, flat, w.shape[0])
     return w, flat, _padding(ctx, w.shape[0])
 
