@@ -3,7 +3,8 @@ a worker, mid-training; how long until the job trains again, and what was traine
 
 The job: the CTR-DNN example, 2 servers x 2 workers on this machine, ``--strategy sync
 --threads 1`` (deterministic; ``--strategy async`` for the asynchronous job), checkpointing every ``--checkpoint_seconds`` (default 5)
-with ``--max_restarts 2``. For each role, ``--kill_after`` seconds after the first
+with ``--max_restarts 2``. For each role, ``--kill_after`` seconds (default: half the
+undisturbed run's time, at least 1.5 checkpoint intervals) after the first
 trained batch (and once a checkpoint exists) the process (server 0 or worker 1) gets
 SIGKILL. Measured from this process, polling the logs every 10 ms:
 
@@ -23,7 +24,7 @@ SIGKILL. Measured from this process, polling the logs every 10 ms:
 
 Prints one JSON line. The machine's load shifts every time: run it on an idle machine.
 
-    python benchmarks/bench_recovery.py [--lines 200000] [--checkpoint_seconds 5] [--kill_after 12]
+    python benchmarks/bench_recovery.py [--lines 200000] [--checkpoint_seconds 5] [--kill_after S]
         [--strategy sync|async]
 """
 import argparse
@@ -149,8 +150,10 @@ def main():
     p.add_argument("--lines", type=int, default=200_000, help="generated train lines (default 200000)")
     p.add_argument("--batch_size", type=int, default=1000)
     p.add_argument("--checkpoint_seconds", type=float, default=5.0)
-    p.add_argument("--kill_after", type=float, default=12.0,
-                   help="seconds of training before the kill (default 12)")
+    p.add_argument("--kill_after", type=float, default=None,
+                   help="seconds of training before the kill (default: half the undisturbed run's time, and "
+                        "at least 1.5 checkpoint intervals, so the kill falls mid-training on a fast or a "
+                        "busy machine)")
     p.add_argument("--strategy", default="sync", choices=["sync", "async"],
                    help="sync (default: resumes exactly) or async (each worker resumes at its own recorded "
                         "place; runs differ by timing, so the AUC difference includes run-to-run noise)")
@@ -164,17 +167,26 @@ def main():
         data = os.path.join(work, "data")
         generate_data(data, args.lines)
         references = []
+        durations = []
         for n in range(args.undisturbed_runs):
             say(f"undisturbed run {n + 1}")
+            started = time.monotonic()
             reference_model = os.path.join(work, f"undisturbed-{n}")
             run("undisturbed", [sys.executable, "-m", "fleet.launch", "--server_num", "2", "--worker_num", "2",
                                 "--log_dir", os.path.join(reference_model, "log"),
                                 *_train_args(args, data, reference_model, ["--print_period", "0"])], args.timeout)
+            durations.append(time.monotonic() - started)
             references.append(test_auc("undisturbed", os.path.join(reference_model, "epoch_0"), data))
+        if args.kill_after is None:
+            args.kill_after = max(1.5 * args.checkpoint_seconds, 0.5 * min(durations))
+            if args.kill_after > 0.8 * min(durations):
+                raise RunFailed(f"the undisturbed job took {min(durations):.1f} s, too short to be killed mid-training "
+                                f"after a checkpoint every {args.checkpoint_seconds:g} s: give more --lines")
         reference = sum(references) / len(references)
         result = {"job": f"CTR-DNN {args.strategy}, 2 servers x 2 workers, 1 thread each, 1 epoch", "lines": args.lines,
                   "batch_size": args.batch_size, "checkpoint_seconds": args.checkpoint_seconds,
-                  "kill_after_s": args.kill_after, "undisturbed_test_auc": round(reference, 4),
+                  "kill_after_s": round(args.kill_after, 1), "undisturbed_seconds": [round(d, 1) for d in durations],
+                  "undisturbed_test_auc": round(reference, 4),
                   "undisturbed_test_aucs": [round(a, 4) for a in references],
                   "goal_recovery_s": GOAL_S, "load_average_1m": round(os.getloadavg()[0], 2)}
         for role, index in (("server", 0), ("worker", 1)):

@@ -64,7 +64,7 @@ def benchmarks(quick):
                             "--trainers", "1,2,4" if quick else "1,2,4,8", "--timeout", "300",
                             "--strategies", "sync,async,half_async", "--merge_pushes", "0"]),
         # kill -9 of a server, then of a worker, of a sync job under fleetrun --max_restarts 2
-        ("recovery", ["bench_recovery.py", "--lines", "100000" if quick else "200000"]),
+        ("recovery", ["bench_recovery.py", "--lines", "400000" if quick else "1000000"]),
         # three hosts as network namespaces, links uncapped and capped by tc tbf
         ("cluster", ["bench_cluster.py", "--lines", "30000" if quick else "60000",
                      "--caps", "none,100mbit" if quick else "none,1gbit,100mbit"]),
