@@ -302,8 +302,8 @@ class AdmissionFilter:
             clicks: float32 [n] (None: 0).
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        shows = _column(shows, len(ids), 1.0)
-        clicks = _column(clicks, len(ids), 0.0)
+        shows = float_column(shows, len(ids), 1.0)
+        clicks = float_column(clicks, len(ids), 0.0)
         out = np.empty(len(ids), dtype=np.bool_)
         admission.admit_ids(self._counters, self._skey, self._ckey, self._kind, ids, shows, clicks,
                             self._count, self._p, self.accessor.nonclk_coeff, self.accessor.click_coeff, out)
@@ -355,10 +355,16 @@ class AdmissionFilter:
         return f"AdmissionFilter({self.entry!r}, seed={self.seed}, width={self.width}, depth={self.depth})"
 
 
-def _column(values, n, default):
+def float_column(values, n, default, what="shows/clicks", owner=""):
+    """float32 [n] of ``values`` (None: ``default`` for every id), for the shows or clicks of
+    ``n`` ids; ``owner`` prefixes the error (e.g. "sparse table 'emb': ").
+
+    Raises:
+        DataError: not one value per id (names ``what`` and the counts).
+    """
     if values is None:
         return np.full(n, default, dtype=np.float32)
     values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
     if len(values) != n:
-        raise DataError(f"shows/clicks has {len(values)} entries for {n} ids; give one per id")
+        raise DataError(f"{owner}{what} has {len(values)} entries for {n} ids; give one per id")
     return values

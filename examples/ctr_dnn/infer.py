@@ -33,6 +33,23 @@ def auc_score(labels, scores):
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+def predict_files(exe, test_program, inputs, predict, files, hash_dim, batch_size=2000):
+    """(labels, click probabilities) as float64 arrays of every line of the Criteo ``files``,
+    predicted by ``test_program`` (one reader thread, so in file order)."""
+    dataset = fleet.DatasetFactory().create_dataset("QueueDataset")
+    dataset.set_use_var(inputs)
+    dataset.set_data_format("criteo", hash_dim=hash_dim)
+    dataset.set_batch_size(batch_size)
+    dataset.set_thread(1)
+    dataset.set_filelist(files)
+    labels, scores = [], []
+    for feed in dataset.batches():
+        p, = exe.run(test_program, feed=feed, fetch_list=[predict])
+        scores.append(p[:, 1])
+        labels.append(np.asarray(feed["label"]).reshape(-1))
+    return np.concatenate(labels).astype(np.float64), np.concatenate(scores).astype(np.float64)
+
+
 def evaluate(model_dir, data_dir, sparse_feature_dim=1000001, batch_size=2000):
     """Returns {"auc", "log_loss", "examples"} of the model saved in ``model_dir``."""
     fleet.init(LocalRoleMaker())
@@ -46,18 +63,7 @@ def evaluate(model_dir, data_dir, sparse_feature_dim=1000001, batch_size=2000):
     files = sorted(glob.glob(os.path.join(data_dir, "test", "*")))
     if not files:
         raise SystemExit(f"no test files in {data_dir}/test")
-    dataset = fleet.DatasetFactory().create_dataset("QueueDataset")
-    dataset.set_use_var(inputs)
-    dataset.set_data_format("criteo", hash_dim=sparse_feature_dim)
-    dataset.set_batch_size(batch_size)
-    dataset.set_thread(1)
-    dataset.set_filelist(files)
-    labels, scores = [], []
-    for feed in dataset.batches():
-        p, = exe.run(test_program, feed=feed, fetch_list=[predict])
-        scores.append(p[:, 1])
-        labels.append(np.asarray(feed["label"]).reshape(-1))
-    labels, scores = np.concatenate(labels), np.concatenate(scores).astype(np.float64)
+    labels, scores = predict_files(exe, test_program, inputs, predict, files, sparse_feature_dim, batch_size)
     clipped = np.clip(scores, 1e-7, 1 - 1e-7)
     log_loss = float(-np.mean(labels * np.log(clipped) + (1 - labels) * np.log(1 - clipped)))
     return {"auc": auc_score(labels, scores), "log_loss": log_loss, "examples": int(len(labels))}

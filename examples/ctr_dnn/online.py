@@ -37,17 +37,14 @@ import argparse
 import glob
 import json
 import os
-import time
-
 import threading
-
-import numpy as np
+import time
 
 import fleet
 from fleet import telemetry
 from fleet.local_tables import local_tables
 from generate_online_data import DONE_FILE, START_DAY, pass_dirname
-from infer import auc_score
+from infer import auc_score, predict_files
 from network import ctr_dnn_model
 from role_makers import PaddleCloudRoleMaker
 from train import make_optimizer, make_strategy, thread_batch_size
@@ -198,18 +195,7 @@ def evaluate(exe, test_program, inputs, predict, files, hash_dim, batch_size=200
     without files."""
     if not files:
         return None
-    dataset = fleet.DatasetFactory().create_dataset("QueueDataset")
-    dataset.set_use_var(inputs)
-    dataset.set_data_format("criteo", hash_dim=hash_dim)
-    dataset.set_batch_size(batch_size)
-    dataset.set_thread(1)
-    dataset.set_filelist(files)
-    labels, scores = [], []
-    for feed in dataset.batches():
-        p, = exe.run(test_program, feed=feed, fetch_list=[predict])
-        scores.append(p[:, 1])
-        labels.append(np.asarray(feed["label"]).reshape(-1))
-    return auc_score(np.concatenate(labels), np.concatenate(scores).astype(np.float64))
+    return auc_score(*predict_files(exe, test_program, inputs, predict, files, hash_dim, batch_size))
 
 
 def write_server_status(model_dir, index, period, stop):

@@ -351,13 +351,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         raise ConfigError(f"--worker_num {worker_num}: "
                           f"{'a collective job needs' if args.collective else 'servers need'} at least one "
                           "worker; give --worker_num 1 or more")
-    need = (0 if servers else server_num) + (0 if workers else worker_num)
-    ports = _choose_ports(need, args.start_port)
-    if servers is None:
-        servers, ports = [f"127.0.0.1:{p}" for p in ports[:server_num]], ports[server_num:]
-    if workers is None:
-        workers = [f"127.0.0.1:{p}" for p in ports[:worker_num]]
-    servers, workers = tuple(servers), tuple(workers)
+    servers, workers = _local_endpoints(servers, workers, server_num, worker_num, args.start_port)
     _check_unique(servers, workers)
     host, source = args.host, "--host"
     if host is None and os.environ.get("POD_IP", "").strip():
@@ -383,13 +377,7 @@ def _elastic_config(args, servers, workers, server_num):
         raise ConfigError(f"--workers lists {len(workers)} endpoints, but --np {args.np} needs one per slot: "
                           f"{high}")
     initial = low if args.worker_num is None else args.worker_num
-    need = (0 if servers else server_num) + (0 if workers else high)
-    ports = _choose_ports(need, args.start_port)
-    if servers is None:
-        servers, ports = [f"127.0.0.1:{p}" for p in ports[:server_num]], ports[server_num:]
-    if workers is None:
-        workers = [f"127.0.0.1:{p}" for p in ports[:high]]
-    servers, workers = tuple(servers), tuple(workers)
+    servers, workers = _local_endpoints(servers, workers, server_num, high, args.start_port)
     _check_unique(servers, workers)
     placement = place(servers, workers, host=args.host, host_source="--host", nic=args.nic)
     if not placement.whole_job:
@@ -473,6 +461,17 @@ def _count(number, endpoints, num_option, list_option, default):
     if number < 0:
         raise ConfigError(f"{num_option} {number} is negative; give a count of 0 or more")
     return number
+
+
+def _local_endpoints(servers, workers, server_num, worker_num, start_port):
+    """(servers, workers) as tuples: the given lists, or loopback endpoints on free ports
+    (from ``start_port``) for ``server_num`` servers and ``worker_num`` workers where None."""
+    ports = _choose_ports((0 if servers else server_num) + (0 if workers else worker_num), start_port)
+    if servers is None:
+        servers, ports = [f"127.0.0.1:{p}" for p in ports[:server_num]], ports[server_num:]
+    if workers is None:
+        workers = [f"127.0.0.1:{p}" for p in ports[:worker_num]]
+    return tuple(servers), tuple(workers)
 
 
 def _choose_ports(count, start_port):

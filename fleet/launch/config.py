@@ -37,6 +37,20 @@ BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THR
 DEFAULT_FAILURE_GRACE = 3.0
 
 
+def check_restart_options(max_restarts, restart_from_scratch):
+    """Checks --max_restarts K and --restart_from_scratch (one-host, per-host and --hosts jobs).
+
+    Raises:
+        ConfigError: K is not a whole number >= 0, or --restart_from_scratch without K >= 1.
+    """
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"--max_restarts {max_restarts!r} must be a whole number >= 0 (0: the "
+                          "first failure ends the job)")
+    if restart_from_scratch and not max_restarts:
+        raise ConfigError("--restart_from_scratch only matters with --max_restarts K (K >= 1): give "
+                          "both, or neither")
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     """What fleetrun starts and how it watches it. Validated on construction.
@@ -183,12 +197,7 @@ class LaunchConfig:
             if self.metrics_port is None:
                 raise ConfigError("--live_summary reads the processes' metrics endpoints: give --metrics_port "
                                   "BASE too (server i then serves on BASE+i, worker j on BASE+servers+j)")
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ConfigError(f"--max_restarts {self.max_restarts!r} must be a whole number >= 0 (0: the "
-                              "first failure ends the job)")
-        if self.restart_from_scratch and not self.max_restarts:
-            raise ConfigError("--restart_from_scratch only matters with --max_restarts K (K >= 1): give "
-                              "both, or neither")
+        check_restart_options(self.max_restarts, self.restart_from_scratch)
         _check_elastic(self)
         if self.failure_grace is None:
             object.__setattr__(self, "failure_grace", DEFAULT_FAILURE_GRACE)

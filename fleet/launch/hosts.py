@@ -44,7 +44,8 @@ import uuid
 from fleet.checkpoint import RESTART_STATE_ENV, noted_checkpoint_dirs
 from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (BLAS_THREAD_VARIABLES, EXIT_OK, EXIT_PROCESS_FAILED,
-                                 EXIT_TIMEOUT, EXIT_USAGE, MAX_RESTARTS_ENV, RESTART_COUNT_ENV)
+                                 EXIT_TIMEOUT, EXIT_USAGE, MAX_RESTARTS_ENV, RESTART_COUNT_ENV,
+                                 check_restart_options)
 from fleet.launch.local import SignalCatcher, die_with_parent, signal_group
 from fleet.launch.restart import Failure, conclude, decide_restart
 from fleet.launch.report import SAY_LOGGER, plural, say, signal_name, write_stdout
@@ -244,12 +245,7 @@ class HostsConfig:
     restart_from_scratch: bool = False
 
     def __post_init__(self):
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ConfigError(f"--max_restarts {self.max_restarts!r} must be a whole number >= 0 (0: the "
-                              "first failure ends the job)")
-        if self.restart_from_scratch and not self.max_restarts:
-            raise ConfigError("--restart_from_scratch only matters with --max_restarts K (K >= 1): give "
-                              "both, or neither")
+        check_restart_options(self.max_restarts, self.restart_from_scratch)
         for name in ("hosts", "script_args", "env"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.hosts:

@@ -34,7 +34,7 @@ from fleet.kernels.hashtable import HashIndex
 from fleet.kernels.reserved_array import ReservedArray
 from fleet.kernels.row_stats import DELTA_SCORE, STAT_COLUMNS, base_rows
 from fleet.tables.changes import ChangeTracker, DeletedIds
-from fleet.tables.table_state import as_ids, check_shape, need
+from fleet.tables.table_state import as_ids, check_shape
 
 SNAPSHOT_WAIT_SECONDS = 600.0
 """How long shrink, load and a second snapshot wait for an open snapshot to close."""
@@ -92,18 +92,11 @@ class SnapshotMixin:
             ConfigError: a key is missing or a shape or dtype does not fit.
             FleetTimeoutError: an open snapshot did not close in time.
         """
-        ids = as_ids(need(state, "ids", self.name), self.name)
+        ids, values, rows_in, stats = self._checked_rows(state)
         n = len(ids)
-        values = need(state, "values", self.name)
-        check_shape(values, (n, self.dim), np.float32, "values", self.name)
-        rows_in = {}
-        for key, row in self._row_template.items():
-            rows_in[key] = need(state, f"state.{key}", self.name)
-            check_shape(rows_in[key], (n, self.dim), row.dtype, f"state.{key}", self.name)
         scalars_in = {key: np.asarray(state[f"state.{key}"]) for key in self._scalar_state if f"state.{key}" in state}
         for key, arr in scalars_in.items():
             check_shape(arr, self._scalar_state[key].shape, self._scalar_state[key].dtype, f"state.{key}", self.name)
-        stats = self._stats_arg(state, n)
         deleted = as_ids(np.empty(0, np.int64) if deleted is None else deleted, self.name)
         with self._lock:
             self._wait_for_snapshot("apply_delta", None)

@@ -260,21 +260,13 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
                 ``stats`` given to a table without statistics.
             FleetTimeoutError: an open snapshot did not close in time.
         """
-        ids = as_ids(need(state, "ids", self.name), self.name)
+        ids, values, rows_in, stats = self._checked_rows(state)
         n = len(ids)
-        values = need(state, "values", self.name)
-        check_shape(values, (n, self.dim), np.float32, "values", self.name)
-        rows_in = {}
-        for key, row in self._row_template.items():
-            arr = need(state, f"state.{key}", self.name)
-            check_shape(arr, (n, self.dim), row.dtype, f"state.{key}", self.name)
-            rows_in[key] = arr
         scalars_in = {}
         for key, arr0 in self._scalar_state.items():
             arr = need(state, f"state.{key}", self.name)
             check_shape(arr, arr0.shape, arr0.dtype, f"state.{key}", self.name)
             scalars_in[key] = arr
-        stats = self._stats_arg(state, n)
         with self._lock:
             self._wait_for_snapshot("load_state_dict", None)
             index = HashIndex()
@@ -291,6 +283,19 @@ class SparseTable(StatisticsMixin, SnapshotMixin):
                 self._changes.clear()
                 self._changes.ensure_rows(max(n, 16))
             self._start_delta_tracking(reset=True)
+
+    def _checked_rows(self, state):
+        """(ids, values, {row state: array}, stats or None) of a state_dict-shaped ``state``,
+        each checked against this table's width and dtypes."""
+        ids = as_ids(need(state, "ids", self.name), self.name)
+        n = len(ids)
+        values = need(state, "values", self.name)
+        check_shape(values, (n, self.dim), np.float32, "values", self.name)
+        rows_in = {}
+        for key, row in self._row_template.items():
+            rows_in[key] = need(state, f"state.{key}", self.name)
+            check_shape(rows_in[key], (n, self.dim), row.dtype, f"state.{key}", self.name)
+        return ids, values, rows_in, self._stats_arg(state, n)
 
     @property
     def sketch_shape(self):

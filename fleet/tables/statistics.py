@@ -14,6 +14,7 @@ one call whose work is proportional to the table.
 """
 import numpy as np
 
+from fleet.entries import float_column
 from fleet.errors import ConfigError, DataError
 from fleet.kernels.hashtable import HashIndex, take_rows
 from fleet.kernels.row_stats import STAT_COLUMNS, compact_rows, shrink_stats, take_rows_update_stats
@@ -44,8 +45,8 @@ class StatisticsMixin:
         """
         ids = as_ids(ids, self.name)
         n = len(ids)
-        shows = _column(shows, n, 1.0, "shows", self.name)
-        clicks = _column(clicks, n, 0.0, "clicks", self.name)
+        shows = float_column(shows, n, 1.0, "shows", f"sparse table {self.name!r}: ")
+        clicks = float_column(clicks, n, 0.0, "clicks", f"sparse table {self.name!r}: ")
         out = self._out_arg(out, n)
         with self._lock:
             if self._admission is None:
@@ -175,12 +176,3 @@ class StatisticsMixin:
         if out.shape != (n, self.dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise DataError(f"sparse table {self.name!r}: out must be float32 C-contiguous {(n, self.dim)}")
         return out
-
-
-def _column(values, n, default, what, name):
-    if values is None:
-        return np.full(n, default, dtype=np.float32)
-    values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-    if len(values) != n:
-        raise DataError(f"sparse table {name!r}: {what} has {len(values)} entries for {n} ids; give one per id")
-    return values
