@@ -3,7 +3,7 @@
 Two real parameter servers (threads, real sockets) hold an is_distributed table of
 ``--rows`` rows of dim 10 with Adam state (value + 2 moments per row) and a 4 MiB dense
 weight. Prints one JSON line: the seconds and rows/s (and MB/s of arrays) of a worker's
-streaming save (``write_server_params``: chunked ``pull_shard`` / ``pull_state`` reads
+streaming save (``fleet.server_saves.write_server_params``: chunked ``pull_shard`` / ``pull_state`` reads
 into a ``VarsWriter``), of loading the save onto 3 servers (``init_server`` path:
 ``VarsReader`` + ``ParameterServer.load``), and the size of the save on disk.
 
@@ -24,7 +24,7 @@ import fleet.framework as fw
 from fleet import layers, optimizer
 from fleet.communicator.sync import SyncCommunicator
 from fleet.framework import io as fio
-from fleet.runtime import write_server_params
+from fleet.server_saves import write_server_params
 from fleet.server.checkpoint import initial_values
 from fleet.server.parameter_server import ParameterServer
 from fleet.transpiler.plan import build_plan

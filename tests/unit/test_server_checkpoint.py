@@ -10,7 +10,7 @@ from fleet import layers, optimizer
 from fleet.errors import ConfigError, DataError, ServerError
 from fleet.framework import io as fio
 from fleet.framework.tensor import SparseRows
-from fleet.runtime import write_server_params
+from fleet.server_saves import write_server_params
 from fleet.server.checkpoint import ShardCursor
 from fleet.tables.sparse_table import SparseTable
 from strategies import DistributedStrategyFactory

@@ -14,7 +14,7 @@ from fleet.errors import ConfigError
 from fleet.framework import io as fio
 from fleet.framework.tensor import SparseRows
 from fleet.param_attr import ParamAttr
-from fleet.runtime import write_server_lr_steps, write_server_params
+from fleet.server_saves import write_server_lr_steps, write_server_params
 from fleet.transpiler.plan import build_plan
 from strategies import DistributedStrategyFactory
 from fake_cluster import Cluster, endpoints
