@@ -360,9 +360,14 @@ def save_checkpoint(executor, config):
     path = os.path.join(config.checkpoint_dir, f"{PREFIX}{step}")
     started = time.monotonic()
     positions = _positions(fleet, config, epoch, epoch_step)
-    fleet._save_persistables(executor, path, None,
-                             {"kind": "checkpoint", "step": step, "epoch": epoch, "epoch_step": epoch_step,
-                              "positions": positions})
+    extra = {"kind": "checkpoint", "step": step, "epoch": epoch, "epoch_step": epoch_step, "positions": positions}
+    # Elastic: the work units acknowledged so far, asked before the save reads the servers,
+    # so their updates are in it; a restarted job does not train them again.
+    work_units = getattr(fleet._runtime, "work_units_progress", None)
+    work_units = work_units() if work_units is not None else None
+    if work_units is not None:
+        extra["work_units"] = work_units
+    fleet._save_persistables(executor, path, None, extra)
     with config._lock:
         config._last_step = step
         config._last_time = time.monotonic()

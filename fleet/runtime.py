@@ -518,6 +518,16 @@ class WorkerRuntime:
         return (sum(int(i.get("updates") or 0) for i in infos.values()),
                 any(i.get("dirname") for i in infos.values()))
 
+    def work_units_progress(self):
+        """In an elastic job, which work units of the pass this worker is in were
+        acknowledged so far (server 0's ``units_status`` with ``mine``: {"files",
+        "unit_bytes", "units", "acked"}), for a checkpoint; None in other jobs or before
+        this worker opened a pass. Blocks for one request to server 0."""
+        if elastic_range() is None:
+            return None
+        self._need_started("work_units_progress")
+        return self.comm.coordinator_request("units_status", {"mine": True}).meta.get("mine")
+
     def checkpoint_info(self):
         """{"dirname", "save_id", "step", "epoch"} of the checkpoint every server loaded.
 
@@ -589,7 +599,9 @@ class ServerRuntime:
         blocks' rows of every saved parameter and optimizer state, and its share
         (id % server_num) of each distributed table, whatever the server count was
         when saved. ``model_dir`` may be any save of a chain (``save_persistables`` mode
-        0, 1 or 2): a delta loads its base, then every delta up to it, in order.
+        0, 1 or 2): a delta loads its base, then every delta up to it, in order. A
+        checkpoint of an elastic job also restores which work units of its pass were
+        trained (``fleet.server.work_queue``).
 
         Raises:
             ConfigError: a variable is missing or has another shape (names it); a link
@@ -606,7 +618,12 @@ class ServerRuntime:
         reader = fio.VarsReader(dirs[0])
         server = ParameterServer(self.endpoint, self.plan, initial_values(reader, self.plan, self.endpoint),
                                  **options)
-        server.load(reader, [fio.VarsReader(d) for d in dirs[1:]])
+        deltas = [fio.VarsReader(d) for d in dirs[1:]]
+        server.load(reader, deltas)
+        work_units = (deltas[-1] if deltas else reader).extra.get("work_units")
+        if server.elastic is not None and work_units:
+            # An elastic checkpoint: its pass resumes where it was (fleet.server.work_queue).
+            server.work.restore(work_units)
         self.server = server
         log.info("fleet: server %s loaded %s (step %s, epoch %s)%s", self.endpoint, model_dir,
                  server.loaded.get("step"), server.loaded.get("epoch"),

@@ -206,9 +206,9 @@ def main(argv=None):
     metrics = os.path.join(args.model_dir, "metrics.jsonl")
     scope = fleet.global_scope()
     for epoch in range(cfg.epoch if cfg else 0, args.epochs):
-        # A resumed epoch keeps the AUC states the checkpoint had; an elastic pass (FLEET_ELASTIC)
-        # trains a resumed epoch again from its start, so its states start from zero.
-        if not (resumed and cfg.epoch_step) or os.environ.get("FLEET_ELASTIC"):
+        # A resumed epoch keeps the AUC states the checkpoint had (an elastic pass resumes too:
+        # server 0 restores the work units the checkpoint holds).
+        if not (resumed and cfg.epoch_step):
             for state in auc_states:  # the epoch's AUC, not the run's so far
                 scope[state.name][...] = 0
         resumed = None

@@ -119,6 +119,8 @@ class ElasticSource:
         status = comm.coordinator_request("units_open", {"pass": pass_id, "files": files,
                                                          "unit_bytes": unit_bytes()}).meta
         self.total_units = status["units"]
+        # Units acknowledged before the checkpoint a restarted job resumed from (not handed out).
+        self.restored = dict(status.get("restored") or {"units": 0, "examples": 0})
         comm.elastic_pass = pass_id  # barriers and metric reductions are grouped by pass
         self._queue = queue.Queue(capacity)
         self._lock = threading.Condition()

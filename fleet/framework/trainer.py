@@ -296,6 +296,23 @@ class DatasetTrainer:
         with self._blas_limit():
             return self._run()
 
+    def _say_elastic_resume(self, source, skip):
+        """An elastic pass has no per-worker place to skip to: server 0's work queue
+        resumes the epoch (it restored the units acknowledged before the checkpoint)."""
+        restored = getattr(source, "restored", {}).get("units", 0)
+        if not (skip or restored):
+            return
+        who = self.hooks.who
+        if restored:
+            text = (f"elastic pass: resuming the epoch from the checkpoint: server 0 restored the {restored} of "
+                    f"{source.total_units} work units acknowledged before it ({source.restored['examples']} "
+                    f"examples), which are not trained again")
+        else:
+            text = (f"elastic pass: the {skip} batches trained in this epoch before the checkpoint are trained "
+                    f"again: server 0 restored no work units of it (the checkpoint holds none of this epoch, "
+                    f"or they were over other files)")
+        print(f"{who + ': ' if who else ''}{text}", flush=True)
+
     def _run(self):
         elastic = getattr(self.dataset, "_open_elastic_pass", None) if self.train else None
         source = elastic(self.threads, self.hooks) if elastic is not None else None
@@ -304,15 +321,8 @@ class DatasetTrainer:
             if source is None:
                 source = self.dataset._open_pass(self.threads)
                 self._skipped = self._skip(source, skip)
-            elif skip:
-                # An elastic pass has no per-worker place: its work units come from server
-                # 0's queue, which a restarted job starts afresh. The interrupted epoch is
-                # trained again from its first unit on the checkpoint's parameters.
-                who = self.hooks.who
-                print(f"{who + ': ' if who else ''}elastic pass: the {skip} batches trained in this epoch "
-                      f"before the checkpoint are not skipped (work units come from server 0's queue, "
-                      f"which starts the epoch afresh after a restart); the epoch is trained again from "
-                      f"its start", flush=True)
+            else:
+                self._say_elastic_resume(source, skip)
         except BaseException:
             if source is not None:
                 source.close()

@@ -164,8 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         "host once any process of the job is lost (heartbeats), FLEET_HEARTBEAT_TIMEOUT_MS + "
         "--failure_grace + 2 s after its failure, when no old process is left on any host. "
         "With --np MIN:MAX a lost worker is the elastic job's (not a restart) and a lost server or "
-        "fewer than MIN workers restarts the job; an elastic pass then trains its epoch again from "
-        "its start (its work units come from server 0's queue). With --elastic_server a restart "
+        "fewer than MIN workers restarts the job; an elastic pass then resumes its epoch (server 0 "
+        "restores the work units the checkpoint holds as trained). With --elastic_server a restart "
         "re-uses the plan formed in etcd (same ranks and endpoints); a lost host ends the job. "
         "docs/elastic.md says what survives what.", width=86))
     heal.add_argument("--max_restarts", "--max_restart", type=int, default=0, metavar="K",

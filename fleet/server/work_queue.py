@@ -17,6 +17,14 @@ are its examples, none skipped. Examples are trained twice only within units a l
 worker held when it was lost: at most the units one worker may hold at once (the dataset
 holds at most ``2 x threads``) times the unit size.
 
+Checkpoints: the worker that checkpoints asks server 0 (``units_status`` with meta
+``mine``) which units of the pass it is in were acknowledged, *before* the save reads the
+servers' state, so the save holds every one of their updates; the manifest keeps the list
+(``work_units``). A server that loads such a checkpoint restores it into the first pass
+opened afterwards (the resumed epoch), if that pass is over the same files cut the same
+way: those units count as acknowledged (by worker ``RESTORED``) and are not handed out
+again, so a restarted elastic job trains again only what came after the checkpoint.
+
 ``ElasticOps`` is the mixin of ``ParameterServer`` that answers the ops of elastic jobs:
 ``join``, ``units_open``, ``units_take``, ``units_ack``, ``units_status`` and ``reduce``
 (the elastic replacement of the workers' ring for ``fleet.metrics``). Server 0 holds the
@@ -34,6 +42,7 @@ from fleet.errors import DataError, FleetError
 log = logging.getLogger("fleet.server")
 
 _REDUCE_OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+RESTORED = -1  # the "worker" of units acknowledged before the checkpoint a job resumed from
 
 
 def _pass_of(req):
@@ -67,8 +76,9 @@ class _Pass:
 
     def status(self):
         per_worker = {}
+        restored = {"units": 0, "examples": 0}
         for worker, examples in self.acked.values():
-            entry = per_worker.setdefault(str(worker), {"units": 0, "examples": 0})
+            entry = restored if worker == RESTORED else per_worker.setdefault(str(worker), {"units": 0, "examples": 0})
             entry["units"] += 1
             entry["examples"] += int(examples)
         returned_bytes = sum(self.units[u][2] - self.units[u][1] for u, _ in self.returned)
@@ -80,7 +90,30 @@ class _Pass:
                 "acked": len(self.acked), "examples": sum(int(e) for _, e in self.acked.values()),
                 "workers": per_worker, "returned_units": len(self.returned), "returned_bytes": returned_bytes,
                 "returned_from": sorted({w for _, w in self.returned}), "stale_acks": self.stale_acks,
+                "restored": restored,
                 "done": self.done(), "unit_bytes": self.unit_bytes}
+
+
+    def checkpoint_record(self):
+        """What a checkpoint keeps of this pass: {"files", "unit_bytes", "units",
+        "acked": [[unit, examples], ...]} (the units acknowledged so far)."""
+        return {"files": [list(f) for f in self.files], "unit_bytes": self.unit_bytes, "units": len(self.units),
+                "acked": [[u, int(e)] for u, (_, e) in sorted(self.acked.items())]}
+
+    def restore(self, record):
+        """Marks the units ``record`` (a ``checkpoint_record()`` in a checkpoint) lists as
+        acknowledged by RESTORED. Returns why it cannot, or None once done."""
+        if [list(f) for f in self.files] != record.get("files") or self.unit_bytes != record.get("unit_bytes"):
+            return (f"the checkpoint's pass was over {len(record.get('files') or [])} files "
+                    f"({_head(record.get('files') or [])}) in units of {record.get('unit_bytes')} bytes, this one "
+                    f"over {len(self.files)} files ({_head(self.files)}) in units of {self.unit_bytes} bytes")
+        units = [(u, e) for u, e in record.get("acked") or []
+                 if isinstance(u, int) and 0 <= u < len(self.units) and isinstance(e, int) and e >= 0]
+        for unit, examples in units:
+            self.acked[unit] = (RESTORED, examples)
+        done = {u for u, _ in units}
+        self.pending = collections.deque(u for u in self.pending if u not in done)
+        return None
 
 
 class WorkQueue:
@@ -89,6 +122,21 @@ class WorkQueue:
     def __init__(self):
         self.passes = {}
         self.progress = {}  # worker -> the newest pass it opened
+        self.resume = None  # the progress of the pass a loaded checkpoint was taken in
+
+    def progress_of(self, worker):
+        """``_Pass.checkpoint_record()`` of the newest pass ``worker`` opened, or None."""
+        current = self.passes.get(self.progress.get(worker, -1))
+        return None if current is None else current.checkpoint_record()
+
+    def restore(self, record):
+        """Keeps a checkpoint's ``work_units`` record for the next pass opened (the
+        resumed epoch's). Raises DataError for a record fleet did not write."""
+        if not (isinstance(record, dict) and isinstance(record.get("files"), list)
+                and isinstance(record.get("acked"), list)):
+            raise DataError(f"the checkpoint's work_units {str(record)[:200]!r} is not a record of acknowledged "
+                            f"work units ({{'files', 'unit_bytes', 'acked'}})")
+        self.resume = record
 
     def open(self, worker, pass_id, files, unit_bytes):
         """Opens pass ``pass_id`` over ``files`` ([[path, size in bytes], ...]); the first
@@ -114,6 +162,7 @@ class WorkQueue:
             current = self.passes[pass_id] = _Pass(pass_id, files, unit_bytes, worker)
             log.info("work queue: worker %d opened pass %d: %d files, %d units of up to %d bytes", worker, pass_id,
                      len(files), len(current.units), unit_bytes)
+            self._resume_into(current)
         elif [list(f) for f in current.files] != files:
             raise DataError(
                 f"worker {worker} opened pass {pass_id} over {len(files)} files ({_head(files)}), but worker "
@@ -121,6 +170,20 @@ class WorkQueue:
                 f"elastic job every worker gives train_from_dataset the same file list (fleet.split_files returns "
                 f"the whole list), and the work queue splits it")
         return current.status()
+
+    def _resume_into(self, current):
+        record, self.resume = self.resume, None
+        if record is None:
+            return
+        why = current.restore(record)
+        if why is not None:
+            log.warning("work queue: pass %d does not resume the checkpoint's pass, so it is trained whole: %s",
+                        current.id, why)
+            return
+        restored = current.status()["restored"]
+        log.info("work queue: pass %d resumes the checkpoint's pass: %d of its %d units (%d examples) were "
+                 "acknowledged before the checkpoint and are not handed out again", current.id, restored["units"],
+                 len(current.units), restored["examples"])
 
     def _pass(self, pass_id, op):
         current = self.passes.get(pass_id)
@@ -276,10 +339,15 @@ class ElasticOps:
         req.reply(meta={"accepted": ok})
 
     def _op_units_status(self, req):
-        """The work queue's figures: meta ``passes`` ({pass: status}) and ``live``."""
+        """The work queue's figures: meta ``passes`` ({pass: status}) and ``live``; with
+        meta ``mine`` true also ``mine``: the progress of the newest pass the asking worker
+        opened (what a checkpoint keeps), or None."""
         self._need_elastic("units_status")
-        req.reply(meta={"passes": self.work.status(), "live": sorted(self.live - self.stopped),
-                        "lost": {str(w): why for w, why in self.lost.items()}})
+        meta = {"passes": self.work.status(), "live": sorted(self.live - self.stopped),
+                "lost": {str(w): why for w, why in self.lost.items()}}
+        if req.meta.get("mine"):
+            meta["mine"] = self.work.progress_of(req.worker)
+        req.reply(meta=meta)
 
     def _op_reduce(self, req):
         """Element-wise sum, max or min (meta ``reduce``) of one array over the live workers:

@@ -264,8 +264,9 @@ def _server_pid(log_dir):
 def test_a_killed_server_under_np_and_max_restarts_restarts_the_job_from_its_checkpoint(
         start_fleetrun, procs, tmp_path, clean_env, data, wait_for):
     """--np with --max_restarts: a lost worker is the elastic policy's, a lost server restarts the
-    whole job from the newest checkpoint; the elastic pass then trains its epoch from the start
-    (server 0's work queue starts afresh), saying it skips nothing."""
+    whole job from the newest checkpoint; server 0 restores which work units of the epoch the
+    checkpoint holds, so the resumed pass trains only the others, and every unit of the epoch is
+    counted once."""
     env = _env(clean_env)
     ckpt, log = tmp_path / "ckpt", tmp_path / "log"
     launcher = start_fleetrun("--np", "2:2", "--server_num", 1, "--log_dir", log, "--timeout", 120,
@@ -281,10 +282,16 @@ def test_a_killed_server_under_np_and_max_restarts_restarts_the_job_from_its_che
     assert re.search(rf"fleetrun: restart 1 of 1 \(--max_restarts 1\): server 0 \(pid {victim}\) on host \S+ was "
                      rf"killed by SIGKILL[^\n]*resuming from the newest checkpoint: \S+/ckpt/ckpt-\d+\n", err), err[-3000:]
     resumed = (log / "workerlog.0").read_text()
-    assert re.search(r"elastic pass: the \d+ batches trained in this epoch before the checkpoint are not skipped",
-                     resumed), resumed[-2000:]
+    said = re.search(r"elastic pass: resuming the epoch from the checkpoint: server 0 restored the (\d+) of (\d+) "
+                     r"work units acknowledged before it \((\d+) examples\), which are not trained again", resumed)
+    assert said, resumed[-2000:]
     status = _queue_figures((log / "serverlog.0").read_text())[0]
     assert status["acked"] == status["units"] and status["examples"] == TRAIN_LINES, status
+    restored = status["restored"]
+    assert [restored["units"], status["units"], restored["examples"]] == [int(g) for g in said.groups()]
+    assert restored["units"] >= 1  # the kill came after the second checkpoint, 20 batches in
+    trained_now = sum(w["units"] for w in status["workers"].values())
+    assert trained_now + restored["units"] == status["units"], status
 
 
 def test_a_replacement_joins_a_checkpointing_elastic_job_on_the_servers_parameters(

@@ -80,6 +80,40 @@ def test_workers_opening_a_pass_over_other_files_are_told_to_give_the_same_list(
         q.open(1, 0, [["a", 250]], 100)
 
 
+def test_a_checkpointed_pass_resumes_without_the_units_acknowledged_before_it(caplog):
+    before = WorkQueue()
+    before.open(0, 0, FILES, 100)
+    taken = [before.take(w, 0)["unit"] for w in (0, 1, 0)]
+    assert before.ack(0, 0, taken[0], 10) and before.ack(1, 0, taken[1], 11)
+    record = before.progress_of(0)  # what worker 0's checkpoint keeps; unit 2 is held, not acknowledged
+    assert record == {"files": FILES, "unit_bytes": 100, "units": 4, "acked": [[0, 10], [1, 11]]}
+    assert before.progress_of(5) is None  # a worker that opened no pass
+
+    after = WorkQueue()  # the restarted job's server 0, loaded from that checkpoint
+    after.restore(record)
+    with caplog.at_level("INFO", logger="fleet.server"):
+        status = after.open(1, 0, FILES, 100)
+    assert "pass 0 resumes the checkpoint's pass: 2 of its 4 units (21 examples)" in caplog.text
+    assert (status["acked"], status["pending"], status["restored"]) == (2, 2, {"units": 2, "examples": 21})
+    assert [after.take(1, 0)["unit"] for _ in range(2)] == [2, 3]
+    assert after.ack(1, 0, 2, 5) and after.ack(1, 0, 3, 9)
+    s = after.status()["0"]
+    assert (s["done"], s["examples"], s["workers"]) == (True, 35, {"1": {"units": 2, "examples": 14}})
+    assert after.open(1, 1, FILES, 100)["restored"] == {"units": 0, "examples": 0}  # the next pass: whole
+
+
+def test_a_checkpointed_pass_over_other_files_is_not_resumed_and_says_why(caplog):
+    q = WorkQueue()
+    q.restore({"files": FILES, "unit_bytes": 100, "units": 4, "acked": [[0, 10]]})
+    with caplog.at_level("WARNING", logger="fleet.server"):
+        status = q.open(0, 0, FILES, 50)
+    assert status["acked"] == 0 and status["pending"] == status["units"] == 7
+    assert ("pass 0 does not resume the checkpoint's pass, so it is trained whole: the checkpoint's pass was over "
+            "2 files (a, b) in units of 100 bytes, this one over 2 files (a, b) in units of 50 bytes") in caplog.text
+    with pytest.raises(DataError, match="is not a record of acknowledged work units"):
+        q.restore({"acked": 3})
+
+
 def test_a_unit_holds_the_lines_that_start_in_its_range(tmp_path):
     path = tmp_path / "f"
     lines = [b"%d\t" % i + b"x" * (i % 7) + b"\n" for i in range(200)]
