@@ -117,6 +117,8 @@ def test_a_lost_host_leaves_and_its_server_and_worker_move_to_the_remaining_host
     assert re.search(r"^worker 1 of 3: resuming the epoch after the [1-9][0-9]* batches trained before the "
                      "checkpoint", (here / "log" / h1.addr / "workerlog.1").read_text(), re.M)
     assert (here / "log" / "attempt-0" / h2.addr).is_dir() and not (here / "log" / h2.addr).exists()
+    first = next(i for i, (_, line) in enumerate(err) if "fleetrun: restart 1 of 2" in line)
+    print("".join(line for _, line in err[first:first + 8]), end="")
     resumed_at = next(t for t, line in out if "resumed from" in line)
     stopped_at = next(t for t, line in err if "preflight of the 3 hosts of the job before restart 1" in line)
     restart_at = next(t for t, line in err if "fleetrun: restart 1 of 2" in line)

@@ -145,3 +145,16 @@ def test_the_lost_host_counts_against_max_restarts(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert "fleetrun: worker 2 moves from c to a (10.0.0.1:6172)" in err
     assert "fleetrun: exit 1: gave up after 1 restart (--max_restarts 1); 2 failures, in order:" in err
+
+
+def test_np_with_hosts_is_refused_naming_the_elastic_server_way():
+    from fleet.launch import build_parser
+    from fleet.launch.cli import hosts_config_from_args
+    args = build_parser().parse_args(["--hosts", "a,b", "--np", "2:4", "--workspace", "/w", "t.py"])
+    with pytest.raises(ConfigError) as info:
+        hosts_config_from_args(args)
+    assert str(info.value) == (
+        "--np 2:4 cannot be used with --hosts: the dispatcher runs a fixed set of workers on its hosts (with "
+        "--max_restarts a lost host's ranks move to the others). For workers that come and go across hosts run "
+        "the same fleetrun on each host with --elastic_server HOST:PORT --job_id ID; for an elastic job on one "
+        "host, fleetrun --np MIN:MAX there (docs/elastic.md)")
