@@ -592,6 +592,7 @@ class _Remote:
         self.stop_reason = None
         self.last_stderr = ""
         self.result = None                       # the parsed result JSON, once fetched
+        self.unreachable = None                  # (code, stderr) of a sweep ssh that found no way to it
         self.threads = []
 
     @property
@@ -708,12 +709,20 @@ class _HostsJob:
 
     def _preflight_again(self, attempt):
         """Run the preflight on every host still in the job; [(remote, Preflight)] of those
-        that failed it (they leave the job). Blocks at most PREFLIGHT_SECONDS + 1 s."""
+        that failed it (they leave the job). A host the sweep just found unreachable (no
+        route, connect timeout, refused) fails it with that answer, without waiting for
+        ssh's connect timeout once more. Blocks at most PREFLIGHT_SECONDS + 1 s."""
+        gone = [r for r in self.remotes if r.unreachable is not None]
+        asked = [r for r in self.remotes if r.unreachable is None]
+        known = f"; {', '.join(r.name for r in gone)}: unreachable by the sweep a moment ago" if gone else ""
         say(f"preflight of the {plural(len(self.remotes), 'host')} of the job before restart "
-            f"{attempt + 1} (at most {PREFLIGHT_SECONDS:g} s): a host that fails it leaves the job "
+            f"{attempt + 1} (at most {PREFLIGHT_SECONDS:g} s{known}): a host that fails it leaves the job "
             "and its ranks move to the others")
-        checks = preflight(self.config, self.ssh, [r.host for r in self.remotes])
-        return [(r, p) for r, p in zip(self.remotes, checks) if p.problem]
+        found = {r.name: Preflight(r.host, classify_ssh_failure(r.host, *r.unreachable, self.config.python))
+                 for r in gone}
+        if asked:
+            found.update((p.host.name, p) for p in preflight(self.config, self.ssh, [r.host for r in asked]))
+        return [(r, found[r.name]) for r in self.remotes if found[r.name].problem]
 
     def _drop(self, lost):
         """Take the lost remotes out of the job: their ranks move to the others (say and log
@@ -1036,9 +1045,13 @@ class _HostsJob:
         for r in self.remotes:
             res = results[r.name]
             if res is None or res[0] is None:
+                r.unreachable = (None, "")
                 say(f"host {r.name}: could not check for leftover processes of job "
                     f"{self.job_id} (no answer within {SWEEP_SECONDS:g} s)")
             elif res[0] != 0:
+                # No route to it: fetching its logs would wait for ssh's connect timeout again.
+                if _UNREACHABLE.search(res[2] or ""):
+                    r.unreachable = (res[0], res[2])
                 say(f"host {r.name}: could not check for leftover processes: "
                     f"{_last_line(res[2])}")
             elif res[1].strip():
@@ -1061,10 +1074,14 @@ class _HostsJob:
                                     os.path.dirname(r.log_dir.rstrip("/")) or ".")
             return run_bounded(argv, FETCH_SECONDS)
 
-        results = in_parallel(self.remotes, fetch, FETCH_SECONDS + 1, "fetching the logs")
+        reachable = [r for r in self.remotes if r.unreachable is None]
+        results = in_parallel(reachable, fetch, FETCH_SECONDS + 1, "fetching the logs")
         for r in self.remotes:
-            res = results[r.name]
-            if res is None or res[0] is None:
+            res = results.get(r.name)
+            if r.unreachable is not None:
+                say(f"host {r.name}: its logs were not fetched (unreachable a moment ago); they stay "
+                    f"in {r.info['workspace']}/log/{r.name} there")
+            elif res is None or res[0] is None:
                 say(f"host {r.name}: fetching its logs did not finish within "
                     f"{FETCH_SECONDS:g} s; they stay in {r.info['workspace']}/log/{r.name} there")
             elif res[0] != 0:
@@ -1187,6 +1204,8 @@ def _host_failure(attempt, lost, when):
                    f"was lost (failed the preflight before the restart: {problems})", "", when)
 
 
+_UNREACHABLE = re.compile(r"Connection timed out|No route to host|Network is unreachable|"
+                          r"Could not resolve hostname|Connection refused")
 _CONSEQUENCE = re.compile(r"\bwas lost\b|^fleet\.errors\.(ServerLostError|PeerLostError)\b")
 
 

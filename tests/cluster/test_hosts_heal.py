@@ -100,6 +100,7 @@ def test_a_lost_host_leaves_and_its_server_and_worker_move_to_the_remaining_host
     for t in readers:
         t.join(10)
     out_text, err_text = "".join(l for _, l in out), "".join(l for _, l in err)
+    (tmp_path / "dispatcher.err").write_text("".join(f"{t - lost_at:+8.2f} {line}" for t, line in err))
     assert proc.returncode == 0, err_text[-5000:]
     lost = re.escape(f"host 1 on host {h2.addr} was lost (failed the preflight before the restart: host {h2.addr}: ")
     assert re.search(rf"fleetrun: restart 1 of 2 \(--max_restarts 2\): {lost}", err_text), err_text[-5000:]

@@ -158,3 +158,41 @@ def test_np_with_hosts_is_refused_naming_the_elastic_server_way():
         "--max_restarts a lost host's ranks move to the others). For workers that come and go across hosts run "
         "the same fleetrun on each host with --elastic_server HOST:PORT --job_id ID; for an elastic job on one "
         "host, fleetrun --np MIN:MAX there (docs/elastic.md)")
+
+
+def test_a_host_the_sweep_cannot_reach_is_not_waited_for_again_to_fetch_its_logs_or_for_the_preflight(tmp_path, monkeypatch, capsys):
+    config = H.HostsConfig(hosts=H.parse_hosts("a,b"), training_script="t.py", workspace="/w",
+                           log_dir=str(tmp_path))
+    job = H._HostsJob(config, signals=None)
+    job.remotes = [H._Remote(h, i, {"workspace": "/w", "rsync": True}, None, str(tmp_path / h.name))
+                   for i, h in enumerate(config.hosts)]
+    for r in job.remotes:
+        r.proc = object()
+    calls = []
+
+    def run_bounded(argv, timeout):
+        calls.append(argv)
+        if "b" in argv or any(a.startswith("b:") for a in argv):
+            return 255, "", "ssh: connect to host b port 22: Connection timed out"
+        return 0, "", ""
+
+    monkeypatch.setattr(H, "run_bounded", run_bounded)
+    job._sweep()
+    assert [r.unreachable for r in job.remotes] == [None, (255, "ssh: connect to host b port 22: Connection timed out")]
+    calls.clear()
+    job._fetch_logs()
+    assert len(calls) == 1 and calls[0][0] == "rsync" and calls[0][-2] == "a:/w/log/a/"
+    err = capsys.readouterr().err
+    assert ("fleetrun: host b: its logs were not fetched (unreachable a moment ago); they stay in /w/log/b there"
+            in err)
+    # the restart preflight asks only the hosts the sweep reached; b fails it with the sweep's answer
+    asked = []
+    monkeypatch.setattr(H, "preflight", lambda config, ssh, hosts: asked.extend(h.name for h in hosts) or
+                        [H.Preflight(h) for h in hosts])
+    lost = job._preflight_again(0)
+    assert asked == ["a"]
+    assert [(r.name, p.problem) for r, p in lost] == [
+        ("b", "host b: unreachable (ssh: connect to host b port 22: Connection timed out); check its name/address "
+              "and the network")]
+    assert ("fleetrun: preflight of the 2 hosts of the job before restart 1 (at most 10 s; b: unreachable by the "
+            "sweep a moment ago): a host that fails it leaves the job") in capsys.readouterr().err
