@@ -24,7 +24,10 @@ The dispatcher (this module) never starts a training process itself. It
 7. sweeps every host over a fresh ssh for processes still carrying the job's
    FLEET_JOB_ID (killing and reporting them), fetches every host's logs into
    ``LOG_DIR/<host>/`` and names the root cause: the earliest failure in the hosts'
-   result files.
+   result files;
+8. with --max_restarts K, runs the preflight again on every host still in the job and
+   starts them all again (``_run_with_restarts``); a host that fails it leaves the job
+   and its servers and workers move to the others (`fleet.launch.hosts_heal`).
 """
 from __future__ import annotations
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fleet.errors import ConfigError
-from fleet.launch.replacement import Move, Share, reassign
+from fleet.launch.replacement import Share, reassign
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +36,6 @@ class JobLayout:
     shares: dict
     servers: tuple[str, ...]
     workers: tuple[str, ...]
-
-    def host_of(self, role, index):
-        """The name of the host that runs ``role`` ("server"/"worker") ``index``."""
-        for name, share in self.shares.items():
-            if index in getattr(share, role + "s"):
-                return name
-        raise ConfigError(f"{role} {index} runs on no host of the job ({', '.join(self.shares)})")
 
 
 def first_shares(names, counts):
@@ -122,4 +114,4 @@ def _bracketed(addr):
     return f"[{addr}]" if ":" in addr else addr
 
 
-__all__ = ["JobLayout", "Move", "describe_moves", "drop_hosts", "first_shares", "indexes_text"]
+__all__ = ["JobLayout", "describe_moves", "drop_hosts", "first_shares", "indexes_text"]

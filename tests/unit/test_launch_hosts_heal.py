@@ -30,7 +30,6 @@ def test_a_lost_hosts_server_and_worker_move_to_the_next_free_ports_of_their_new
     assert placed == [(Move("server", 1, "b", "a"), "10.0.0.1:6172"), (Move("worker", 1, "b", "a"), "10.0.0.1:6173")]
     assert describe_moves(placed) == ["server 1 moves from b to a (10.0.0.1:6172)",
                                       "worker 1 moves from b to a (10.0.0.1:6173)"]
-    assert layout.host_of("server", 1) == "a" and layout.host_of("worker", 2) == "c"
 
 
 def test_a_second_loss_keeps_every_endpoint_that_stays_and_packs_after_the_used_ports():
@@ -50,6 +49,16 @@ def test_an_ipv6_target_gets_a_bracketed_endpoint():
                        ("[fe80::1]:6171", "10.0.0.2:6171"))
     layout, _ = drop_hosts(layout, ["b"], addrs, 6170)
     assert layout.servers == ("[fe80::1]:6170", "[fe80::1]:6172")
+
+
+def test_a_collective_job_moves_its_workers_only():
+    layout = JobLayout(first_shares(["a", "b"], [(0, 2), (0, 2)]), (),
+                       ("10.0.0.1:6170", "10.0.0.1:6171", "10.0.0.2:6170", "10.0.0.2:6171"))
+    layout, placed = drop_hosts(layout, ["a"], ADDRS, 6170)
+    assert layout.shares == {"b": Share((), (0, 1, 2, 3))} and layout.servers == ()
+    assert layout.workers == ("10.0.0.2:6172", "10.0.0.2:6173", "10.0.0.2:6170", "10.0.0.2:6171")
+    assert describe_moves(placed) == ["worker 0 moves from a to b (10.0.0.2:6172)",
+                                      "worker 1 moves from a to b (10.0.0.2:6173)"]
 
 
 def test_losing_every_host_is_an_error_naming_them():
