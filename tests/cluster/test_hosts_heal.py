@@ -8,8 +8,9 @@ preflight finds h2 unreachable, drops it, moves server 1 and worker 1 to h1 (the
 the hosts with the fewest servers / workers) at h1's next ports, and restarts h1 and h3
 with the rebuilt endpoint lists; the servers load the checkpoint's shards unchanged, every
 worker resumes its own place. The job ends by itself at the test AUC of the same job
-undisturbed on one host, within 0.005. The time from the loss to training again is
-measured and printed, not asserted.
+undisturbed on one host, within 0.005. A second run stops h2's sshd instead (ssh refused,
+the link up). The time from the loss to training again is measured and printed, not
+asserted.
 """
 import os
 import re
@@ -37,12 +38,30 @@ def _evaluate(model, data):
     return float(re.search(r'"auc": ([0-9.]+)', out).group(1))
 
 
-def _reference_auc(tmp_path, data):
+@pytest.fixture(scope="module")
+def reference_auc(tmp_path_factory, ctr_data):
     """The test AUC of the same job undisturbed on one host (3 servers, 3 workers)."""
+    tmp_path = tmp_path_factory.mktemp("undisturbed")
     model = tmp_path / "one"
     ctr.python("-m", "fleet.launch", "--server_num", 3, "--worker_num", 3, "--log_dir", model / "log",
-               *ctr.train_args(data, model, "sync"), *SMALL, cwd=tmp_path, timeout=180)
-    return _evaluate(model, data)
+               *ctr.train_args(ctr_data, model, "sync"), *SMALL, cwd=tmp_path, timeout=180)
+    return _evaluate(model, ctr_data)
+
+
+def _lose(host, how):
+    """Make host lost: "link" takes its link down (its sshd unreachable), "sshd" stops its
+    sshd (ssh refused, the link up); then every other process there is killed."""
+    if how == "link":
+        host.link_down()
+    else:
+        host.stop_sshd()
+    daemon = host.sshd.pid if host.sshd is not None else None
+    for pid in host.pids():
+        if pid != daemon:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _stamped_lines(stream, into):
@@ -55,8 +74,9 @@ def _checkpoints(ckpt):
     return {p.name for p in ckpt.glob("ckpt-*")} if ckpt.is_dir() else set()
 
 
+@pytest.mark.parametrize("how, problem", [("link", "unreachable"), ("sshd", "connection refused")])
 def test_a_lost_host_leaves_and_its_server_and_worker_move_to_the_remaining_hosts(
-        cluster_factory, tmp_path, ctr_data):
+        cluster_factory, tmp_path, ctr_data, reference_auc, how, problem):
     cluster = cluster_factory(4, sshd=True)
     h1, h2, h3, dispatcher = cluster.hosts
     job = tmp_path / "job"
@@ -83,15 +103,9 @@ def test_a_lost_host_leaves_and_its_server_and_worker_move_to_the_remaining_host
     while "ckpt-40" not in _checkpoints(ckpt):
         assert proc.poll() is None and time.monotonic() < deadline, "the job wrote no checkpoint ckpt-40"
         time.sleep(0.1)
-    # h2 is lost: its link goes down (its sshd unreachable), every process of the job there dies
-    h2.link_down()
+    # h2 is lost: its link goes down or its sshd stops, every process of the job there dies
     lost_at = time.monotonic()
-    for pid in h2.pids():
-        if pid != h2.sshd.pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    _lose(h2, how)
     while proc.poll() is None and time.monotonic() < deadline + 300:
         time.sleep(0.1)
     if proc.poll() is None:
@@ -102,7 +116,8 @@ def test_a_lost_host_leaves_and_its_server_and_worker_move_to_the_remaining_host
     out_text, err_text = "".join(l for _, l in out), "".join(l for _, l in err)
     (tmp_path / "dispatcher.err").write_text("".join(f"{t - lost_at:+8.2f} {line}" for t, line in err))
     assert proc.returncode == 0, err_text[-5000:]
-    lost = re.escape(f"host 1 on host {h2.addr} was lost (failed the preflight before the restart: host {h2.addr}: ")
+    lost = re.escape(f"host 1 on host {h2.addr} was lost (failed the preflight before the restart: host {h2.addr}: "
+                     f"{problem} (ssh: connect to host {h2.addr} port 22: ")
     assert re.search(rf"fleetrun: restart 1 of 2 \(--max_restarts 2\): {lost}", err_text), err_text[-5000:]
     moves = (f"server 1 moves from {h2.addr} to {h1.addr} ({h1.addr}:6172)",
              f"worker 1 moves from {h2.addr} to {h1.addr} ({h1.addr}:6173)")
@@ -123,11 +138,12 @@ def test_a_lost_host_leaves_and_its_server_and_worker_move_to_the_remaining_host
     resumed_at = next(t for t, line in out if "resumed from" in line)
     stopped_at = next(t for t, line in err if "preflight of the 3 hosts of the job before restart 1" in line)
     restart_at = next(t for t, line in err if "fleetrun: restart 1 of 2" in line)
-    print(f"--hosts, h2 lost: training again {resumed_at - lost_at:.1f} s after its link went down (worker 0 "
+    print(f"--hosts, h2 lost ({how}): training again {resumed_at - lost_at:.1f} s after h2 was lost (worker 0 "
           f"printed that it resumed from the checkpoint); every host stopped and its logs fetched after "
           f"{stopped_at - lost_at:.1f} s, the restart preflight took {restart_at - stopped_at:.1f} s")
-    h2.link_up()
+    if how == "link":
+        h2.link_up()
     assert cluster.leftovers() == {}
-    auc, reference = _evaluate(model, ctr_data), _reference_auc(tmp_path, ctr_data)
-    print(f"--hosts, h2 lost: test AUC {auc:.4f} after the move, undisturbed {reference:.4f}")
-    assert abs(auc - reference) < AUC_BOUND
+    auc = _evaluate(model, ctr_data)
+    print(f"--hosts, h2 lost ({how}): test AUC {auc:.4f} after the move, undisturbed {reference_auc:.4f}")
+    assert abs(auc - reference_auc) < AUC_BOUND
