@@ -159,7 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(role, index, host, exit code or signal, the error line); an attempt's logs move to "
         "LOG_DIR/attempt-N/. fleetrun's last lines list every failure in order; it exits 0 when "
         "an attempt succeeds, 1 after the K-th restart failed too. On several hosts: with "
-        "--hosts the dispatcher restarts every host together; each per-host fleetrun given "
+        "--hosts the dispatcher restarts every host together, after running the preflight again: "
+        "a host that fails it (unreachable, ssh refused, ...) leaves the job for good and its "
+        "servers and workers move to the other hosts (same totals and indexes, so the "
+        "checkpoint loads unchanged; each move said and logged in restarts.log; the lost host "
+        "is that attempt's failure); each per-host fleetrun given "
         "--max_restarts restarts its own processes when they fail, which they do on every "
         "host once any process of the job is lost (heartbeats), FLEET_HEARTBEAT_TIMEOUT_MS + "
         "--failure_grace + 2 s after its failure, when no old process is left on any host. "
@@ -508,6 +512,12 @@ def hosts_config_from_args(args: argparse.Namespace) -> hosts_module.HostsConfig
     Raises:
         ConfigError: an option that belongs to a one-host run is given, or a value is bad.
     """
+    if args.np is not None:
+        raise ConfigError(f"--np {args.np} cannot be used with --hosts: the dispatcher runs a fixed "
+                          "set of workers on its hosts (with --max_restarts a lost host's ranks move "
+                          "to the others). For workers that come and go across hosts run the same "
+                          "fleetrun on each host with --elastic_server HOST:PORT --job_id ID; for "
+                          "an elastic job on one host, fleetrun --np MIN:MAX there (docs/elastic.md)")
     given = [f"--{name}" for name in _PER_HOST_ONLY if getattr(args, name) not in (None, False)]
     if given:
         raise ConfigError(f"{', '.join(given)} cannot be used with --hosts: the dispatcher "

@@ -24,7 +24,10 @@ The dispatcher (this module) never starts a training process itself. It
 7. sweeps every host over a fresh ssh for processes still carrying the job's
    FLEET_JOB_ID (killing and reporting them), fetches every host's logs into
    ``LOG_DIR/<host>/`` and names the root cause: the earliest failure in the hosts'
-   result files.
+   result files;
+8. with --max_restarts K, runs the preflight again on every host still in the job and
+   starts them all again (``_run_with_restarts``); a host that fails it leaves the job
+   and its servers and workers move to the others (`fleet.launch.hosts_heal`).
 """
 from __future__ import annotations
 
@@ -46,8 +49,9 @@ from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (BLAS_THREAD_VARIABLES, EXIT_OK, EXIT_PROCESS_FAILED,
                                  EXIT_TIMEOUT, EXIT_USAGE, MAX_RESTARTS_ENV, RESTART_COUNT_ENV,
                                  check_restart_options)
+from fleet.launch.hosts_heal import JobLayout, describe_moves, drop_hosts, first_shares, indexes_text
 from fleet.launch.local import SignalCatcher, die_with_parent, signal_group
-from fleet.launch.restart import Failure, conclude, decide_restart
+from fleet.launch.restart import Failure, conclude, decide_restart, log_event
 from fleet.launch.report import SAY_LOGGER, plural, say, signal_name, write_stdout
 from fleet.logs import WaitLog
 
@@ -508,8 +512,20 @@ def classify_ssh_failure(host, returncode, stderr, python):
     return f"{where}: the preflight python exited with code {returncode}: {line}"
 
 
-def preflight(config: HostsConfig, ssh: Ssh) -> list[Preflight]:
-    """Check every host at once, bounded at PREFLIGHT_SECONDS in total."""
+def preflight(config: HostsConfig, ssh: Ssh, hosts=None) -> list[Preflight]:
+    """Check every host at once, bounded at PREFLIGHT_SECONDS in total.
+
+    Args:
+        config: the job.
+        ssh: how to reach the hosts.
+        hosts: the HostEntry objects to check (default: every host of config).
+
+    Returns:
+        one Preflight per host, in order (problem None when it passed).
+
+    Blocks at most PREFLIGHT_SECONDS + 1 s.
+    """
+    hosts = config.hosts if hosts is None else tuple(hosts)
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in forwarded_environment(extra=config.env).items())
 
     def check(host):
@@ -519,9 +535,9 @@ def preflight(config: HostsConfig, ssh: Ssh) -> list[Preflight]:
         code, out, err = run_bounded(ssh.command(host, remote), PREFLIGHT_SECONDS)
         return _judge_preflight(config, host, code, out, err)
 
-    found = in_parallel(config.hosts, check, PREFLIGHT_SECONDS + 1, "the preflight")
+    found = in_parallel(hosts, check, PREFLIGHT_SECONDS + 1, "the preflight")
     return [found[h.name] or Preflight(h, classify_ssh_failure(h, None, "", config.python))
-            for h in config.hosts]
+            for h in hosts]
 
 
 def _judge_preflight(config, host, code, out, err):
@@ -579,6 +595,7 @@ class _Remote:
         self.stop_reason = None
         self.last_stderr = ""
         self.result = None                       # the parsed result JSON, once fetched
+        self.unreachable = None                  # (code, stderr) of a sweep ssh that found no way to it
         self.threads = []
 
     @property
@@ -613,6 +630,7 @@ class _HostsJob:
         self.ssh = Ssh(config.ssh_config)
         self.job_id = uuid.uuid4().hex
         self.remotes = []
+        self.layout = None                       # hosts_heal.JobLayout, set after the preflight
         self.keys_dir_local = None
         self.temp_keys = None
 
@@ -640,9 +658,10 @@ class _HostsJob:
             f"fleet {', '.join(versions)} on every host")
         counts = [c.counts(i) for i in range(len(c.hosts))]
         self.addresses = addresses
-        self.spans = _spans(counts)
-        self.servers, self.workers = plan_endpoints(addresses, [s for s, _ in counts],
-                                                    [w for _, w in counts], c.start_port)
+        servers, workers = plan_endpoints(addresses, [s for s, _ in counts], [w for _, w in counts],
+                                          c.start_port)
+        self._set_layout(JobLayout(first_shares([h.name for h in c.hosts], counts), tuple(servers),
+                                   tuple(workers)))
         try:
             for r in self.remotes:
                 os.makedirs(r.log_dir, exist_ok=True)
@@ -672,13 +691,67 @@ class _HostsJob:
             failure = self._root_failure(attempt) if code == EXIT_PROCESS_FAILED else None
             if failure is None or self.signals.received:
                 return conclude(c.log_dir, code, failures, c.max_restarts)
+            lost = self._preflight_again(attempt)
+            if self.signals.received:
+                return conclude(c.log_dir, 128 + self.signals.received, failures + [failure], c.max_restarts)
+            if lost:
+                failure = _host_failure(attempt, lost, time.time())
             failures.append(failure)
+            if lost and len(lost) == len(self.remotes):
+                self._keep_attempt_logs(attempt)
+                return conclude(c.log_dir, EXIT_PROCESS_FAILED, failures, c.max_restarts,
+                                gave_up="no host is left: " + "; ".join(p.problem for _, p in lost))
             decision = decide_restart(c.log_dir, failures, c.max_restarts, c.restart_from_scratch,
                                       self._noted_checkpoint_dirs())
             self._keep_attempt_logs(attempt)
             if decision is not None:
                 return decision
+            if lost:
+                self._drop(lost)
             self.remotes = [_Remote(r.host, r.index, r.info, r.endpoint_host, r.log_dir) for r in self.remotes]
+
+    def _preflight_again(self, attempt):
+        """Run the preflight on every host still in the job; [(remote, Preflight)] of those
+        that failed it (they leave the job). A host the sweep just found unreachable (no
+        route, connect timeout, refused) fails it with that answer, without waiting for
+        ssh's connect timeout once more. Blocks at most PREFLIGHT_SECONDS + 1 s."""
+        gone = [r for r in self.remotes if r.unreachable is not None]
+        asked = [r for r in self.remotes if r.unreachable is None]
+        known = f"; {', '.join(r.name for r in gone)}: unreachable by the sweep a moment ago" if gone else ""
+        say(f"preflight of the {plural(len(self.remotes), 'host')} of the job before restart "
+            f"{attempt + 1} (at most {PREFLIGHT_SECONDS:g} s{known}): a host that fails it leaves the job "
+            "and its ranks move to the others")
+        found = {r.name: Preflight(r.host, classify_ssh_failure(r.host, *r.unreachable, self.config.python))
+                 for r in gone}
+        if asked:
+            found.update((p.host.name, p) for p in preflight(self.config, self.ssh, [r.host for r in asked]))
+        return [(r, found[r.name]) for r in self.remotes if found[r.name].problem]
+
+    def _drop(self, lost):
+        """Take the lost remotes out of the job: their ranks move to the others (say and log
+        each move); the whole job's endpoint lists are rebuilt."""
+        c = self.config
+        names = [r.name for r, _ in lost]
+        addresses = {r.name: self.addresses[r.index] for r in self.remotes}
+        layout, placed = drop_hosts(self.layout, names, addresses, c.start_port)
+        for r, p in lost:
+            say(f"{r.label} leaves the job: {p.problem}")
+        moves = describe_moves(placed)
+        for line in moves:
+            say(line)
+        log_event(c.log_dir, f"{plural(len(names), 'host')} left the job ({', '.join(names)}): "
+                             + "; ".join(moves))
+        for r, _ in lost:
+            try:
+                os.rmdir(r.log_dir)  # its logs stay in LOG_DIR/attempt-N/<host>/
+            except OSError:
+                pass
+        self.remotes = [r for r in self.remotes if r.name not in names]
+        self._set_layout(layout)
+
+    def _set_layout(self, layout):
+        self.layout = layout
+        self.servers, self.workers = list(layout.servers), list(layout.workers)
 
     def _noted_checkpoint_dirs(self):
         """The checkpoint directories the processes of every host noted (fetched with the logs)."""
@@ -820,11 +893,14 @@ class _HostsJob:
         say(f"starting {what} on {plural(len(self.remotes), 'host')} "
             f"(job {self.job_id}); logs in {c.log_dir}/<host>/")
         for r in self.remotes:
-            (s0, s1), (w0, w1) = self.spans[r.index]
-            servers = ("" if c.collective else f"servers {_span(s0, s1)}"
-                       f"{f' ({chr(44).join(self.servers[s0:s1])})' if s1 > s0 else ''}, ")
-            workers = f" ({','.join(self.workers[w0:w1])})" if c.collective and w1 > w0 else ""
-            print(f"    {r.name}: {servers}workers {_span(w0, w1)}{workers}", file=sys.stderr, flush=True)
+            share = self.layout.shares[r.name]
+            mine = ",".join(self.servers[i] for i in share.servers)
+            servers = ("" if c.collective else f"servers {indexes_text(share.servers)}"
+                       f"{f' ({mine})' if share.servers else ''}, ")
+            mine = ",".join(self.workers[i] for i in share.workers)
+            workers = f" ({mine})" if c.collective and share.workers else ""
+            print(f"    {r.name}: {servers}workers {indexes_text(share.workers)}{workers}",
+                  file=sys.stderr, flush=True)
         exited = threading.Event()
         code = None
         try:
@@ -849,7 +925,7 @@ class _HostsJob:
         remote.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, start_new_session=True,
                                        preexec_fn=die_with_parent(os.getpid()))
-        streams_stdout = self.spans[remote.index][1][0] == 0 < self.spans[remote.index][1][1]
+        streams_stdout = 0 in self.layout.shares[remote.name].workers
         lock = threading.Lock()
 
         def copy_stdout():
@@ -972,9 +1048,13 @@ class _HostsJob:
         for r in self.remotes:
             res = results[r.name]
             if res is None or res[0] is None:
+                r.unreachable = (None, "")
                 say(f"host {r.name}: could not check for leftover processes of job "
                     f"{self.job_id} (no answer within {SWEEP_SECONDS:g} s)")
             elif res[0] != 0:
+                # No route to it: fetching its logs would wait for ssh's connect timeout again.
+                if _UNREACHABLE.search(res[2] or ""):
+                    r.unreachable = (res[0], res[2])
                 say(f"host {r.name}: could not check for leftover processes: "
                     f"{_last_line(res[2])}")
             elif res[1].strip():
@@ -997,10 +1077,14 @@ class _HostsJob:
                                     os.path.dirname(r.log_dir.rstrip("/")) or ".")
             return run_bounded(argv, FETCH_SECONDS)
 
-        results = in_parallel(self.remotes, fetch, FETCH_SECONDS + 1, "fetching the logs")
+        reachable = [r for r in self.remotes if r.unreachable is None]
+        results = in_parallel(reachable, fetch, FETCH_SECONDS + 1, "fetching the logs")
         for r in self.remotes:
-            res = results[r.name]
-            if res is None or res[0] is None:
+            res = results.get(r.name)
+            if r.unreachable is not None:
+                say(f"host {r.name}: its logs were not fetched (unreachable a moment ago); they stay "
+                    f"in {r.info['workspace']}/log/{r.name} there")
+            elif res is None or res[0] is None:
                 say(f"host {r.name}: fetching its logs did not finish within "
                     f"{FETCH_SECONDS:g} s; they stay in {r.info['workspace']}/log/{r.name} there")
             elif res[0] != 0:
@@ -1113,6 +1197,18 @@ for pid in os.listdir("/proc"):
 """
 
 
+def _host_failure(attempt, lost, when):
+    """The failure of an attempt after which hosts failed the preflight: role "host", the
+    first lost host's index; every lost host and its problem in ``how``."""
+    first = lost[0][0]
+    names = ", ".join(r.endpoint_host or r.name for r, _ in lost)
+    problems = "; ".join(p.problem for _, p in lost)
+    return Failure(attempt, "host", first.index, names, None,
+                   f"was lost (failed the preflight before the restart: {problems})", "", when)
+
+
+_UNREACHABLE = re.compile(r"Connection timed out|No route to host|Network is unreachable|"
+                          r"Could not resolve hostname|Connection refused")
 _CONSEQUENCE = re.compile(r"\bwas lost\b|^fleet\.errors\.(ServerLostError|PeerLostError)\b")
 
 
@@ -1137,19 +1233,3 @@ def _excluded_log_dir(source, log_dir):
     if rel == "." or rel.startswith(".." + os.sep) or rel == "..":
         return None
     return "/" + rel.strip(os.sep) + "/"
-
-
-def _span(start, end):
-    """"none", "3" or "3-5": the indexes start .. end-1."""
-    if end <= start:
-        return "none"
-    return f"{start}" if end == start + 1 else f"{start}-{end - 1}"
-
-
-def _spans(counts):
-    """[((first server, end), (first worker, end)) per host] of per-host (S, W) counts."""
-    spans, s, w = [], 0, 0
-    for servers, workers in counts:
-        spans.append(((s, s + servers), (w, w + workers)))
-        s, w = s + servers, w + workers
-    return spans

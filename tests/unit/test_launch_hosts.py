@@ -6,6 +6,8 @@ from fleet.errors import ConfigError
 from fleet.launch import build_parser
 from fleet.launch import hosts as H
 from fleet.launch.cli import hosts_config_from_args
+from fleet.launch.hosts_heal import first_shares, indexes_text
+from fleet.launch.replacement import Share
 
 
 def test_host_entries_take_user_host_and_port():
@@ -70,8 +72,9 @@ def test_hostfile_lines_may_give_their_own_process_counts(tmp_path):
     servers, workers = H.plan_endpoints(["10.0.0.1", "10.0.0.2", "10.0.0.3"], [1, 1, 0], [1, 1, 2], 6170)
     assert servers == ["10.0.0.1:6170", "10.0.0.2:6170"]
     assert workers == ["10.0.0.1:6171", "10.0.0.2:6171", "10.0.0.3:6170", "10.0.0.3:6171"]
-    assert H._spans([(1, 1), (1, 1), (0, 2)]) == [((0, 1), (0, 1)), ((1, 2), (1, 2)), ((2, 2), (2, 4))]
-    assert H._span(2, 2) == "none" and H._span(2, 4) == "2-3" and H._span(1, 2) == "1"
+    assert first_shares(["a", "b", "c"], [(1, 1), (1, 1), (0, 2)]) == {
+        "a": Share((0,), (0,)), "b": Share((1,), (1,)), "c": Share((), (2, 3))}
+    assert [indexes_text(x) for x in ((), (2, 3), (1,), (0, 2, 5, 6))] == ["none", "2-3", "1", "0,2,5-6"]
     hostfile.write_text("node1 slots=2\n")
     with pytest.raises(ConfigError) as info:
         H.parse_hosts(str(hostfile))
