@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fleet.endpoints import join_endpoint, parse_endpoint
 from fleet.launch.replacement import Share, reassign
 
 
@@ -82,7 +83,7 @@ def drop_hosts(layout, lost, addresses, start_port):
         taken = used[move.target]
         port = max(taken) + 1 if taken else start_port
         taken.add(port)
-        endpoint = f"{_bracketed(addresses[move.target])}:{port}"
+        endpoint = join_endpoint(addresses[move.target], port)
         endpoints[move.role][move.index] = endpoint
         placed.append((move, endpoint))
     return JobLayout(shares, tuple(endpoints["server"]), tuple(endpoints["worker"])), placed
@@ -107,11 +108,7 @@ def indexes_text(indexes):
 
 
 def _port(endpoint):
-    return int(endpoint.rsplit(":", 1)[1])
-
-
-def _bracketed(addr):
-    return f"[{addr}]" if ":" in addr else addr
+    return parse_endpoint(endpoint)[1]
 
 
 __all__ = ["JobLayout", "describe_moves", "drop_hosts", "first_shares", "indexes_text"]
