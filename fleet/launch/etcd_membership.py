@@ -96,6 +96,7 @@ class MembershipMonitor:
         self._members = {m.addr for m in plan.members}
         self._done = {}
         self._lost = []   # member addresses lost or left failing, in the order seen
+        self._why = {}    # address -> how it was lost, e.g. "its fleetrun exited 1"
         self._change = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -118,6 +119,11 @@ class MembershipMonitor:
         code, in the order seen. Never blocks."""
         with self._lock:
             return list(self._lost)
+
+    def why_lost(self, addr):
+        """How a lost member was lost, e.g. "its fleetrun exited 1" ("" if it was not). Never blocks."""
+        with self._lock:
+            return self._why.get(addr, "")
 
     def cut_off(self):
         """True once etcd answered that this host's own lease is gone. Never blocks."""
@@ -168,18 +174,20 @@ class MembershipMonitor:
             self._done[addr] = event.kv.value
             if addr in self._members and event.kv.value != "0":
                 self._set(addr, f"host {addr} ({self.plan.ranks_of(addr)}) left {self.rdv.where}: its "
-                          f"fleetrun exited {event.kv.value}")
+                          f"fleetrun exited {event.kv.value}", f"its fleetrun exited {event.kv.value}")
         elif key.startswith(prefix + "hosts/") and event.kind == "DELETE":
             addr = key[len(prefix + "hosts/"):]
             if addr in self._members and addr not in self._done:
                 self._set(addr, f"host {addr} ({self.plan.ranks_of(addr)}) was lost from "
                           f"{self.rdv.where}: its registration expired (no keepalive for "
                           f"{self.rdv.ttl} s: the host is down, cut off, or its fleetrun was "
-                          "killed); fleet cannot re-form a running job without it")
+                          "killed); only --max_restarts re-forms the job without it",
+                          f"its registration expired (no keepalive for {self.rdv.ttl} s)")
 
-    def _set(self, addr, change):
+    def _set(self, addr, change, why):
         with self._lock:
             if addr not in self._lost:
                 self._lost.append(addr)
+                self._why[addr] = why
             if self._change is None:
                 self._change = change

@@ -173,7 +173,12 @@ class Regroup:
         ranks = self.plan.ranks_of(addr)
         return Failure(attempt, "host", index, addr, None,
                        f"was lost from the job{f' ({ranks})' if ranks else ''}",
-                       self.monitor.poll() or "", now)
+                       self.monitor.why_lost(addr), now)
+
+    def describe_loss(self):
+        """E.g. "host 10.0.0.2 (server 1, worker 1) lost: its registration expired (...)"."""
+        return "; ".join(f"host {a} ({self.plan.ranks_of(a)}) lost: {self.monitor.why_lost(a)}"
+                         for a in self.monitor.lost_hosts())
 
     def next_round(self, signals):
         """Register ready for round r+1, wait for the survivors, read (or write) its plan.

@@ -174,7 +174,7 @@ def _loss_window(config, regroup):
 
 def _next_round(config, regroup, change, failures, signals):
     """Regroup without the lost host(s). Returns None, or the exit code if it failed."""
-    log_event(config.log_dir, f"round {regroup.round + 1} of the job: {change}")
+    log_event(config.log_dir, f"round {regroup.round + 1} of the job: {regroup.describe_loss() or change}")
     try:
         if not regroup.next_round(signals):
             return conclude(config.log_dir, 128 + signals.received, failures, config.max_restarts)

@@ -84,6 +84,7 @@ def test_the_survivors_re_form_without_the_lost_host_and_its_ranks_move_by_reass
         _lose(h2)
         _until(lambda: h1.monitor.poll() and h3.monitor.poll(), 10, "both survivors see the loss")
         assert h1.monitor.lost_hosts() == ["127.0.0.2"] and not h1.monitor.cut_off()
+        assert h1.monitor.why_lost("127.0.0.2") == "its registration expired (no keepalive for 2 s)"
         results = _next_rounds(regroups)
         assert results == {"127.0.0.1": True, "127.0.0.3": True}
         plan = regroups[0].plan

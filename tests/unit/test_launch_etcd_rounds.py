@@ -85,6 +85,9 @@ class _Monitor:
     def cut_off(self):
         return self.expired
 
+    def why_lost(self, addr):
+        return "its registration expired (no keepalive for 3 s)" if addr in self.lost else ""
+
 
 class _Regroup(Regroup):
     """A Regroup whose rounds form at once (no etcd); monitors handed out in turn."""
@@ -146,9 +149,11 @@ def test_a_lost_host_counts_one_restart_and_the_job_goes_on_in_the_next_round(tm
     assert code == 0
     assert seen == [(0, "round 0"), (1, "round 1")]
     err = capsys.readouterr().err
-    assert (f"fleetrun: restart 1 of 2 (--max_restarts 2): host 1 on host 10.0.0.2 was lost from "
-            f"the job (server 1, worker 1): {LOST}; every process was stopped") in err
-    assert "round 1 of the job: " + LOST in log
+    assert ("fleetrun: restart 1 of 2 (--max_restarts 2): host 1 on host 10.0.0.2 was lost from "
+            "the job (server 1, worker 1): its registration expired (no keepalive for 3 s); every "
+            "process was stopped") in err
+    assert ("round 1 of the job: host 10.0.0.2 (server 1, worker 1) lost: its registration "
+            "expired (no keepalive for 3 s)\n") in log
     assert "fleetrun: done after 1 restart; 1 failure, in order:" in err
 
 
