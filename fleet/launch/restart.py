@@ -129,6 +129,8 @@ def run_with_restarts(config, make_job, signals, regroup=None):
             # The host whose loss failed the processes is gone: this restart becomes the new round.
             code = _end_on_cut_off(config, regroup, monitor.poll(), failures)
             if code is None:
+                say(f"membership change during the wait: {monitor.poll()}; restart {len(failures)} "
+                    f"becomes round {regroup.round + 1} of the job, without the lost host")
                 code = _next_round(config, regroup, monitor.poll(), failures, signals)
             if code is not None:
                 return code

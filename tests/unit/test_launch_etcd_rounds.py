@@ -163,6 +163,8 @@ def test_a_change_during_the_wait_after_a_failure_turns_that_restart_into_the_ro
     assert code == 0
     assert seen == [(0, "round 0"), (1, "round 1")]  # no same-plan attempt in between
     assert log.count("restart 1 of 2") == 1 and "restart 2" not in log
+    assert (f"fleetrun: membership change during the wait: {LOST}; restart 1 becomes round 1 of "
+            "the job, without the lost host\n") in capsys.readouterr().err
 
 
 def test_a_change_ending_the_restarted_attempt_soon_after_the_failure_is_not_counted_again(
