@@ -133,6 +133,16 @@ def free_ports(addr, above, count):
     return found
 
 
+def _ready_record(text):
+    """(addr, ports) of a stored ready/ record. Raises RendezvousError for one fleet did not write."""
+    try:
+        d = json.loads(text)
+        return str(d["addr"]), [int(p) for p in d["ports"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise RendezvousError(f"a ready record {text[:200]!r} of this job in etcd is not fleet's: "
+                              "use a --job_id of its own for each job") from e
+
+
 class Regroup:
     """One host's part in the rounds of an etcd job under --max_restarts.
 
@@ -142,6 +152,7 @@ class Regroup:
         config_for: ``config_for(plan)`` -> the LaunchConfig of this host's share of a plan.
 
     Attributes:
+        covered: how many of run_with_restarts' failures a round already followed.
         round: the current round (0 first).
         plan: the current round's plan.
         config: the LaunchConfig of this host's share of it.
@@ -155,17 +166,20 @@ class Regroup:
         self.config_for = config_for
         self.config = config_for(plan)
         self.seconds = []  # how long each regroup took, change seen -> plan read
+        self.covered = 0   # failures (restarts) already followed by a round of their own
 
     @property
     def monitor(self):
+        """The current round's MembershipMonitor (the rendezvous's)."""
         return self.rdv.monitor
 
     def loss_failure(self, attempt, failures, window_s):
         """The Failure that counts this round's membership change, or None when the newest
-        failure came within window_s before it (the loss caused it; its restart stands
-        for the loss)."""
+        failure is a process's that came within window_s before it and no round followed it
+        yet (the loss caused it; its restart stands for the loss)."""
         now = time.time()
-        if failures and now - failures[-1].time <= window_s:
+        if (len(failures) > self.covered and failures[-1].role != "host"
+                and now - failures[-1].time <= window_s):
             return None
         lost = self.monitor.lost_hosts()
         addr = lost[0] if lost else "?"
@@ -234,10 +248,7 @@ class Regroup:
                 raise RendezvousError(f"this host's registration in {rdv.where} is gone (its lease "
                                       "expired), so the other hosts count it as lost")
             kvs, _ = rdv.client.range(base + "ready/", prefix=True)
-            ready = {}
-            for kv in kvs:
-                d = json.loads(kv.value)
-                ready[d["addr"]] = d["ports"]
+            ready = dict(_ready_record(kv.value) for kv in kvs)
             missing = [a for a in survivors if a not in ready]
             if not missing:
                 lost = [m.addr for m in self.plan.members if m.addr not in survivors]

@@ -185,6 +185,7 @@ def _next_round(config, regroup, change, failures, signals):
         log_event(config.log_dir, f"no round {regroup.round + 1}: {e}")
         return conclude(config.log_dir, EXIT_PROCESS_FAILED, failures, config.max_restarts,
                         gave_up="the job could not re-form")
+    regroup.covered = len(failures)
     log_event(config.log_dir, f"round {regroup.round} formed: "
                               + "; ".join(f"{m.addr}: {regroup.plan.ranks_of(m.addr)}"
                                           for m in regroup.plan.members))

@@ -96,6 +96,7 @@ class _Regroup(Regroup):
         self.rdv = types.SimpleNamespace(ttl=ttl, monitor=monitors[0])
         self.monitors = monitors[1:]
         self.round, self.plan, self.config = 0, _plan((1, 1), (1, 1), (0, 1)), "round 0"
+        self.covered = 0
 
     def next_round(self, signals):
         self.round += 1
@@ -190,3 +191,21 @@ def test_a_host_cut_off_from_etcd_ends_its_job_as_without_restarts(tmp_path, cap
     code, seen, log = _run(tmp_path, [("change",)], [_Monitor(mine, lost=(), cut_off=True)])
     assert code == 1 and seen == [(0, "round 0")] and log == ""
     assert capsys.readouterr().err.splitlines()[-1] == f"fleetrun: exit 1: membership change: {mine}"
+
+
+def test_a_ready_record_that_is_not_fleets_is_refused_with_the_fix():
+    from fleet.launch.etcd_rounds import _ready_record
+    assert _ready_record('{"addr": "10.0.0.1", "ports": [6172, 6173]}') == ("10.0.0.1", [6172, 6173])
+    with pytest.raises(RendezvousError) as e:
+        _ready_record('{"addr": "10.0.0.1"}')
+    assert str(e.value) == ("a ready record '{\"addr\": \"10.0.0.1\"}' of this job in etcd is not "
+                            "fleet's: use a --job_id of its own for each job")
+
+
+def test_a_second_host_lost_soon_after_a_round_counts_again(tmp_path, capsys):
+    # a process failure became round 1 during the wait; another loss right after is new
+    script = [("fail", 0.0), ("change",), ("ok",)]
+    code, seen, log = _run(tmp_path, script, [_Monitor(LOST), _Monitor(), _Monitor()], k=2)
+    assert code == 0
+    assert seen == [(0, "round 0"), (1, "round 1"), (2, "round 2")]
+    assert "restart 2 of 2: host 1 on host 10.0.0.2" in log
