@@ -16,6 +16,10 @@ the attempt ends as without restarts (root cause named, the others stopped), the
 - fleetrun's last lines list every failure in order, whether the job then succeeded or
   fleetrun gave up (exit 1).
 
+Under ``--elastic_server`` a host lost from the job (a membership change in etcd) is a
+failure too (role "host"): the surviving hosts form a new round of the job without it
+(`fleet.launch.etcd_rounds`) instead of restarting with the same plan.
+
 A failure is a process that exited non-zero or was killed, seen by this fleetrun. A
 timeout, a signal to fleetrun, a process that could not be started and bad arguments end
 the job without a restart.

@@ -77,14 +77,20 @@ def _next_rounds(regroups):
     return results
 
 
-def test_the_survivors_re_form_without_the_lost_host_and_its_ranks_move_by_reassign(etcd, capsys):
+@pytest.mark.parametrize("how", ["lease expired", "fleetrun exited 1"])
+def test_the_survivors_re_form_without_the_lost_host_and_its_ranks_move_by_reassign(etcd, capsys, how):
     h1, h2, h3 = _form(etcd, "round-a")
     try:
         regroups = [Regroup(r, r.monitor.plan, lambda plan: plan) for r in (h1, h3)]
-        _lose(h2)
+        if how == "lease expired":
+            _lose(h2)
+        else:
+            h2.leave(1)  # its done/ record says it failed; its lease is revoked
         _until(lambda: h1.monitor.poll() and h3.monitor.poll(), 10, "both survivors see the loss")
         assert h1.monitor.lost_hosts() == ["127.0.0.2"] and not h1.monitor.cut_off()
-        assert h1.monitor.why_lost("127.0.0.2") == "its registration expired (no keepalive for 2 s)"
+        assert h1.monitor.why_lost("127.0.0.2") == (
+            "its registration expired (no keepalive for 2 s)" if how == "lease expired"
+            else "its fleetrun exited 1")
         results = _next_rounds(regroups)
         assert results == {"127.0.0.1": True, "127.0.0.3": True}
         plan = regroups[0].plan
