@@ -17,6 +17,7 @@ from fleet.launch.config import (DEFAULT_FAILURE_GRACE, EXIT_PROCESS_FAILED, EXI
 from fleet.launch import etcd_rendezvous as rdv_module
 from fleet.launch import hosts as hosts_module
 from fleet.launch.elastic import request_add_workers
+from fleet.launch.etcd_rounds import Regroup
 from fleet.launch.local import launch
 from fleet.launch.report import plural, say
 from fleet.launch.this_host import interface_addresses, place
@@ -170,7 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         "With --np MIN:MAX a lost worker is the elastic job's (not a restart) and a lost server or "
         "fewer than MIN workers restarts the job; an elastic pass then resumes its epoch (server 0 "
         "restores the work units the checkpoint holds as trained). With --elastic_server a restart "
-        "re-uses the plan formed in etcd (same ranks and endpoints); a lost host ends the job. "
+        "re-uses the plan formed in etcd (same ranks and endpoints); a lost host (lease expired, "
+        "or its fleetrun left failing) starts a new round: every surviving host stops its "
+        "processes, counts a restart and registers as ready, and once all are (within "
+        "PADDLE_ELASTIC_TIMEOUT) the lost host's servers and workers move to the surviving hosts "
+        "(servers to the server hosts with the fewest, workers likewise; each move said), the "
+        "moved ranks on their new host's next free ports, and the job resumes from its newest "
+        "checkpoint. "
         "docs/elastic.md says what survives what.", width=86))
     heal.add_argument("--max_restarts", "--max_restart", type=int, default=0, metavar="K",
                       help="restart the whole job up to K times after a failure (default: 0, the "
@@ -654,17 +661,22 @@ def launch_with_etcd(args: argparse.Namespace) -> int:
     say(f"{rendezvous.where} formed in {rendezvous.seconds:.2f} s: "
         + "; ".join(f"{m.addr}: {plan.ranks_of(m.addr)}" for m in plan.members))
     code, down = EXIT_PROCESS_FAILED, None
-    try:
+
+    def config_for(plan):
         placement = place(plan.servers, plan.workers, host=me.addr,
                           host_source=rendezvous.host_source)
         if placement.whole_job:
-            config = _make_config(args, plan.servers, plan.workers, keys_dir=_keys_dir(args, False))
+            return _make_config(args, plan.servers, plan.workers, keys_dir=_keys_dir(args, False))
+        return _make_config(args, plan.servers, plan.workers, local_servers=placement.servers,
+                            local_workers=placement.workers, bind_any=placement.bind_any,
+                            bind_any_workers=placement.bind_any_workers,
+                            host=placement.name, keys_dir=_keys_dir(args, True))
+    try:
+        if args.max_restarts:  # a lost host starts a new round (fleet.launch.etcd_rounds)
+            regroup = Regroup(rendezvous, plan, config_for)
+            code = launch(regroup.config, monitor=rendezvous.monitor, regroup=regroup)
         else:
-            config = _make_config(args, plan.servers, plan.workers, local_servers=placement.servers,
-                                  local_workers=placement.workers, bind_any=placement.bind_any,
-                                  bind_any_workers=placement.bind_any_workers,
-                                  host=placement.name, keys_dir=_keys_dir(args, True))
-        code = launch(config, monitor=rendezvous.monitor)
+            code = launch(config_for(plan), monitor=rendezvous.monitor)
         down = rendezvous.monitor.etcd_down()
     finally:
         rendezvous.leave(code)

@@ -95,6 +95,8 @@ class MembershipMonitor:
         self.keepalive = keepalive
         self._members = {m.addr for m in plan.members}
         self._done = {}
+        self._lost = []   # member addresses lost or left failing, in the order seen
+        self._why = {}    # address -> how it was lost, e.g. "its fleetrun exited 1"
         self._change = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -112,6 +114,21 @@ class MembershipMonitor:
                                 "other hosts count it as lost")
             return self._change
 
+    def lost_hosts(self):
+        """The member addresses seen lost (lease expired) or leaving with a non-zero exit
+        code, in the order seen. Never blocks."""
+        with self._lock:
+            return list(self._lost)
+
+    def why_lost(self, addr):
+        """How a lost member was lost, e.g. "its fleetrun exited 1" ("" if it was not). Never blocks."""
+        with self._lock:
+            return self._why.get(addr, "")
+
+    def cut_off(self):
+        """True once etcd answered that this host's own lease is gone. Never blocks."""
+        return self.keepalive.expired
+
     def etcd_down(self):
         """(seconds since, the error) while etcd does not answer, else None."""
         with self.keepalive.lock:
@@ -121,8 +138,13 @@ class MembershipMonitor:
 
     def stop(self):
         """Stop watching and renewing. Blocks up to about a second."""
-        self._stopped.set()
+        self.stop_watching()
         self.keepalive.stop()
+
+    def stop_watching(self):
+        """Stop watching but go on renewing the lease (a new round of the job watches
+        with a monitor of its own). Blocks up to about a second."""
+        self._stopped.set()
         watch = self._watch
         if watch is not None:
             watch.close()
@@ -151,17 +173,21 @@ class MembershipMonitor:
             addr = key[len(prefix + "done/"):]
             self._done[addr] = event.kv.value
             if addr in self._members and event.kv.value != "0":
-                self._set(f"host {addr} ({self.plan.ranks_of(addr)}) left {self.rdv.where}: its "
-                          f"fleetrun exited {event.kv.value}")
+                self._set(addr, f"host {addr} ({self.plan.ranks_of(addr)}) left {self.rdv.where}: its "
+                          f"fleetrun exited {event.kv.value}", f"its fleetrun exited {event.kv.value}")
         elif key.startswith(prefix + "hosts/") and event.kind == "DELETE":
             addr = key[len(prefix + "hosts/"):]
             if addr in self._members and addr not in self._done:
-                self._set(f"host {addr} ({self.plan.ranks_of(addr)}) was lost from "
+                self._set(addr, f"host {addr} ({self.plan.ranks_of(addr)}) was lost from "
                           f"{self.rdv.where}: its registration expired (no keepalive for "
                           f"{self.rdv.ttl} s: the host is down, cut off, or its fleetrun was "
-                          "killed); fleet cannot re-form a running job without it")
+                          "killed); only --max_restarts re-forms the job without it",
+                          f"its registration expired (no keepalive for {self.rdv.ttl} s)")
 
-    def _set(self, change):
+    def _set(self, addr, change, why):
         with self._lock:
+            if addr not in self._lost:
+                self._lost.append(addr)
+                self._why[addr] = why
             if self._change is None:
                 self._change = change

@@ -10,6 +10,7 @@ under ``/fleet/jobs/ID/``:
     formed      the plan, written once (a transaction) by the first host that sees the
                 job complete: the member hosts in registration order
     done/ADDR   written by a host whose fleetrun ended: its exit code
+    rounds/R/   the plans of later rounds (--max_restarts: fleet.launch.etcd_rounds)
 
 Ranks: the hosts in order of registration (etcd's create revision of their key), each
 bringing its servers and workers in turn; server i and worker j of the job are the i-th
@@ -350,6 +351,7 @@ class Rendezvous:
         registering right now."""
         self.client.delete(self.prefix + "formed")
         self.client.delete(self.prefix + "done/", prefix=True)
+        self.client.delete(self.prefix + "rounds/", prefix=True)
 
     def _revoke_quietly(self):
         try:

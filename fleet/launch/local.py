@@ -27,7 +27,7 @@ _PR_SET_PDEATHSIG = 1
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def launch(config: LaunchConfig, monitor=None) -> int:
+def launch(config: LaunchConfig, monitor=None, regroup=None) -> int:
     """Start every process of the job, watch them, stop them all, return the exit code.
 
     Blocks until the job is over. Installs handlers for SIGINT, SIGTERM and SIGHUP while
@@ -38,6 +38,9 @@ def launch(config: LaunchConfig, monitor=None) -> int:
         monitor: None, or an object whose ``poll()`` (called every 50 ms, must not block)
             returns None or a sentence saying why the job must end, e.g. the etcd
             rendezvous's membership change: the job then stops and fleetrun exits 1 with it.
+        regroup: under --elastic_server with --max_restarts, the job's
+            `fleet.launch.etcd_rounds.Regroup`: a lost host then starts a new round with
+            ``regroup.config`` and ``regroup.monitor`` instead of ending the job.
 
     Returns:
         EXIT_OK, EXIT_PROCESS_FAILED, EXIT_TIMEOUT, or 128 + the signal fleetrun received.
@@ -50,11 +53,17 @@ def launch(config: LaunchConfig, monitor=None) -> int:
     _check_ready(config)
     with SignalCatcher() as signals:
         if config.max_restarts:
-            # Each attempt is a new _Job with the same monitor: under --elastic_server the
-            # formed plan (ranks, endpoints) is re-used; a membership change ends the job.
+            # Each attempt is a new _Job: under --elastic_server with the current round's
+            # plan (ranks, endpoints) and monitor; a lost host starts a new round.
             from fleet.launch.restart import run_with_restarts
-            return run_with_restarts(config, lambda attempt, started: _Job(config, signals, monitor, attempt,
-                                                                           started), signals)
+
+            def make_job(attempt, started):
+                if regroup is None:
+                    return _Job(config, signals, monitor, attempt, started)
+                return _Job(regroup.config, signals, regroup.monitor, attempt, started)
+            if regroup is None:
+                return run_with_restarts(config, make_job, signals)
+            return run_with_restarts(config, make_job, signals, regroup)
         return _Job(config, signals, monitor).run()
 
 
@@ -324,6 +333,7 @@ class _Job:
         self.children = []
         self.exited = threading.Event()  # set by a child's waiter thread when it exits
         self.cause = None                # the first process to fail, once one did
+        self.membership_change = None    # the monitor's sentence, once it ended the job
         self.elastic = None              # an ElasticPolicy (--np MIN:MAX) while the job runs
         if config.elastic is not None:
             from fleet.launch.elastic import ElasticPolicy
@@ -603,9 +613,11 @@ class _Job:
         return 128 + signal.SIGHUP
 
     def _on_membership_change(self, change):
+        self.membership_change = change
         say(f"membership change: {change}")
         self._stop_with_notice("every process still running", "a membership change of the job")
-        say(f"exit {EXIT_PROCESS_FAILED}: membership change: {change}")
+        if not self.config.max_restarts:  # else fleet.launch.restart regroups or says how fleetrun exits
+            say(f"exit {EXIT_PROCESS_FAILED}: membership change: {change}")
         return EXIT_PROCESS_FAILED
 
     def _on_signal(self, signum):

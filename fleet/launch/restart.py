@@ -16,6 +16,10 @@ the attempt ends as without restarts (root cause named, the others stopped), the
 - fleetrun's last lines list every failure in order, whether the job then succeeded or
   fleetrun gave up (exit 1).
 
+Under ``--elastic_server`` a host lost from the job (a membership change in etcd) is a
+failure too (role "host"): the surviving hosts form a new round of the job without it
+(`fleet.launch.etcd_rounds`) instead of restarting with the same plan.
+
 A failure is a process that exited non-zero or was killed, seen by this fleetrun. A
 timeout, a signal to fleetrun, a process that could not be started and bad arguments end
 the job without a restart.
@@ -76,14 +80,17 @@ NO_CHECKPOINT = (
     "--restart_from_scratch to restart from the start anyway")
 
 
-def run_with_restarts(config, make_job, signals):
+def run_with_restarts(config, make_job, signals, regroup=None):
     """Run attempts of a job until one ends without a failure or K restarts were made.
 
     Args:
         config: the LaunchConfig (max_restarts >= 1).
         make_job: ``make_job(attempt, started)`` -> an object with ``run()`` (returns the
-            exit code) and ``cause`` (the failed _Child, or None).
+            exit code), ``cause`` (the failed _Child, or None), ``children`` and
+            ``membership_change`` (the sentence that ended it, or None).
         signals: the SignalCatcher of this fleetrun (a signal ends the job, no restart).
+        regroup: under --elastic_server, the job's `fleet.launch.etcd_rounds.Regroup`: a
+            lost host then starts a new round instead of ending the job.
 
     Returns:
         fleetrun's exit code: the last attempt's (EXIT_PROCESS_FAILED when fleetrun gave up).
@@ -101,6 +108,13 @@ def run_with_restarts(config, make_job, signals):
         job = make_job(attempt, started)
         code = job.run()
         cause = job.cause
+        change = getattr(job, "membership_change", None)
+        if regroup is not None and change and not signals.received:
+            code = _heal(config, regroup, job, attempt, failures, state, signals)
+            if code is not None:
+                return code
+            attempt += 1
+            continue
         if code != EXIT_PROCESS_FAILED or cause is None or signals.received:
             return conclude(config.log_dir, code, failures, config.max_restarts)
         failures.append(Failure(attempt, cause.role, cause.index, host, cause.popen.pid,
@@ -111,9 +125,75 @@ def run_with_restarts(config, make_job, signals):
         if decision is not None:
             return decision
         keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
-        if config.multi_host and not settle_other_hosts(config, failures[-1].time, signals):
+        monitor = regroup.monitor if regroup is not None else None
+        if config.multi_host and not settle_other_hosts(config, failures[-1].time, signals, monitor):
             return conclude(config.log_dir, 128 + signals.received, failures, config.max_restarts)
         attempt += 1
+        if monitor is not None and monitor.poll():
+            # The host whose loss failed the processes is gone: this restart becomes the new round.
+            code = _end_on_cut_off(config, regroup, monitor.poll(), failures)
+            if code is None:
+                say(f"membership change during the wait: {monitor.poll()}; restart {len(failures)} "
+                    f"becomes round {regroup.round + 1} of the job, without the lost host")
+                code = _next_round(config, regroup, monitor.poll(), failures, signals)
+            if code is not None:
+                return code
+
+
+def _heal(config, regroup, job, attempt, failures, state, signals):
+    """An attempt ended by a membership change under --elastic_server: count it, keep the
+    logs, start the next round. Returns None to run it, else fleetrun's exit code."""
+    change = job.membership_change
+    code = _end_on_cut_off(config, regroup, change, failures)
+    if code is not None:
+        return code
+    failure = regroup.loss_failure(attempt, failures, _loss_window(config, regroup))
+    if failure is None:
+        say(f"the restart for {failures[-1].describe()} stands for this membership change: {change}")
+        log_event(config.log_dir, f"attempt {attempt} ended by a membership change within "
+                                  f"{_loss_window(config, regroup):g} s of the failure it restarted "
+                                  f"for (counted once): {change}")
+    else:
+        failures.append(failure)
+        decision = decide_restart(config.log_dir, failures, config.max_restarts,
+                                  config.restart_from_scratch, noted_checkpoint_dirs(state))
+        if decision is not None:
+            return decision
+    keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
+    return _next_round(config, regroup, change, failures, signals)
+
+
+def _end_on_cut_off(config, regroup, change, failures):
+    """This host's own lease expired (cut off from etcd): end the job as without restarts
+    (the others re-form without it). Returns the exit code, or None if another host is lost."""
+    if not regroup.monitor.cut_off() and regroup.monitor.lost_hosts():
+        return None
+    say(f"exit {EXIT_PROCESS_FAILED}: membership change: {change}")
+    return conclude(config.log_dir, EXIT_PROCESS_FAILED, failures, config.max_restarts)
+
+
+def _loss_window(config, regroup):
+    """How long after a process failure a membership change still counts as its cause:
+    the lease's TTL (the loss is seen at most that late) plus settle_seconds."""
+    return regroup.rdv.ttl + settle_seconds(config)
+
+
+def _next_round(config, regroup, change, failures, signals):
+    """Regroup without the lost host(s). Returns None, or the exit code if it failed."""
+    log_event(config.log_dir, f"round {regroup.round + 1} of the job: {regroup.describe_loss() or change}")
+    try:
+        if not regroup.next_round(signals):
+            return conclude(config.log_dir, 128 + signals.received, failures, config.max_restarts)
+    except FleetError as e:
+        say(f"exit {EXIT_PROCESS_FAILED}: the job could not re-form without the lost host: {e}")
+        log_event(config.log_dir, f"no round {regroup.round + 1}: {e}")
+        return conclude(config.log_dir, EXIT_PROCESS_FAILED, failures, config.max_restarts,
+                        gave_up="the job could not re-form")
+    regroup.covered = len(failures)
+    log_event(config.log_dir, f"round {regroup.round} formed: "
+                              + "; ".join(f"{m.addr}: {regroup.plan.ranks_of(m.addr)}"
+                                          for m in regroup.plan.members))
+    return None
 
 
 def settle_seconds(config):
@@ -124,14 +204,16 @@ def settle_seconds(config):
     return heartbeat_timeout_ms() / 1000.0 + config.failure_grace + 2.0
 
 
-def settle_other_hosts(config, failed_at, signals):
+def settle_other_hosts(config, failed_at, signals, monitor=None):
     """Per-host fleetruns (no dispatcher) agree on a restart without talking to each
     other: a failure anywhere ends every process of the job on every host within the
     heartbeat timeout (liveness), so each host's fleetrun restarts its own processes once
     its own failed, and starts them only settle_seconds after that failure, when no old
     process of the job is left on any host to talk to the new ones. The new processes
     then wait for each other up to FLEET_CONNECT_TIMEOUT_MS. Blocks; returns False when
-    fleetrun got a signal meanwhile."""
+    fleetrun got a signal meanwhile. With an etcd ``monitor`` the wait ends early (True)
+    once its ``poll()`` reports a membership change: a host is gone, so the caller starts
+    a new round instead of this restart."""
     wait = failed_at + settle_seconds(config) - time.time()
     if wait > 0:
         say(f"waiting {wait:.1f} s before the restart, so that every other host's processes of the "
@@ -141,6 +223,8 @@ def settle_other_hosts(config, failed_at, signals):
     while time.monotonic() < deadline:
         if signals.received:
             return False
+        if monitor is not None and monitor.poll():
+            return True
         time.sleep(0.05)
     return not signals.received
 

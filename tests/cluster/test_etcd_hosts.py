@@ -200,7 +200,7 @@ def test_a_host_lost_while_etcd_runs_ends_the_job_as_a_membership_change(
         assert lines[-1].endswith(
             f") was lost from job 'ctr-lost' at etcd {etcd.endpoint}: its registration expired "
             "(no keepalive for 2 s: the host is down, cut off, or its fleetrun was killed); "
-            "fleet cannot re-form a running job without it"), lines[-1]
+            "only --max_restarts re-forms the job without it"), lines[-1]
         assert "stopped by fleetrun (SIGTERM) after a membership change of the job" in err
     etcd.stop()
     assert cluster.leftovers() == {}

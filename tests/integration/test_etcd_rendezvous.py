@@ -169,7 +169,7 @@ def test_hosts_that_register_in_turn_all_read_the_same_ranks(etcd):
         assert rdvs[0].monitor.poll() == (
             f"host 10.9.9.2 (server 1, worker 1) was lost from job 'job-a' at etcd "
             f"{etcd.endpoint}: its registration expired (no keepalive for 5 s: the host is "
-            "down, cut off, or its fleetrun was killed); fleet cannot re-form a running job "
+            "down, cut off, or its fleetrun was killed); only --max_restarts re-forms the job "
             "without it")
     finally:
         for r in rdvs:
