@@ -587,6 +587,11 @@ class _Job:
                        limit=f"stopping them {grace:g} s after the failure (--failure_grace)",
                        logger=SAY_LOGGER)
         while self._running() and time.monotonic() < deadline and not self.signals.received:
+            if self.monitor is not None and self.monitor.poll():
+                # The job's membership changed (a host lost): nothing is left to wait for;
+                # the restart (a new round under --max_restarts) should begin at once.
+                say(f"not waiting longer: membership change: {self.monitor.poll()}")
+                break
             wait.tick(", ".join(ch.name for ch in self._running()) + " still running")
             self.exited.wait(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
             self.exited.clear()
