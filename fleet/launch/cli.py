@@ -11,10 +11,11 @@ import textwrap
 from fleet.endpoints import parse_endpoint
 from fleet.envvars import env_int
 from fleet.elastic import parse_np
-from fleet.errors import ConfigError, FleetError
+from fleet.errors import ConfigError, FleetError, RendezvousError
 from fleet.launch.config import (DEFAULT_FAILURE_GRACE, EXIT_PROCESS_FAILED, EXIT_USAGE,
                                  LaunchConfig, _check_unique)
 from fleet.launch import etcd_rendezvous as rdv_module
+from fleet.launch import etcd_slots as slots_module
 from fleet.launch import hosts as hosts_module
 from fleet.launch.elastic import request_add_workers
 from fleet.launch.local import launch
@@ -566,11 +567,7 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
         raise ConfigError("--servers/--workers with --elastic_server: etcd hands out the "
                           "endpoints; give the job's totals (--server_num N --worker_num M) and "
                           "this host's share (--server_num_per_host, --worker_num_per_host)")
-    if args.np is not None or args.worker_replacements:
-        raise ConfigError(f"{'--np' if args.np is not None else '--worker_replacements'} with "
-                          "--elastic_server: workers that come and go run in a job on one host "
-                          "today (docs/elastic.md), and a job formed through etcd has a "
-                          "fixed set of ranks (docs/elastic.md); leave out one of them")
+    elastic = _elastic_etcd_np(args)
     if not job_id:
         raise ConfigError(f"--elastic_server {server} needs --job_id ID (or {rdv_module.JOB_ID_ENV}): "
                           "the name under which this job's hosts meet in etcd")
@@ -580,14 +577,15 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
         raise ConfigError("no training script: give the path of the Python script to run "
                           "(fleetrun [options] train.py [args])")
     server_num = 0 if args.collective else args.server_num
-    if server_num is None or args.worker_num is None:
+    worker_num = args.worker_num if elastic is None else elastic[1]
+    if server_num is None or worker_num is None:
         raise ConfigError("--elastic_server needs the job's totals, the same on every host: "
                           "--server_num N --worker_num M (the job forms when its hosts offer "
                           "that many)")
     per_s = 0 if args.collective else (1 if args.server_num_per_host is None else args.server_num_per_host)
     per_w = args.worker_num_per_host
     for name, value, total in (("--server_num_per_host", per_s, server_num),
-                               ("--worker_num_per_host", per_w, args.worker_num)):
+                               ("--worker_num_per_host", per_w, worker_num)):
         if not 0 <= value <= total:
             raise ConfigError(f"{name} {value} must be in 0..{total} (the job's total)")
     if per_s + per_w == 0:
@@ -596,7 +594,7 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
     if server_num == 0 and not args.collective:
         raise ConfigError("--server_num 0 with --elastic_server: local training needs no "
                           "rendezvous; give --server_num 1 or more (or --collective)")
-    _keys_dir(args, (per_s, per_w) != (server_num, args.worker_num))
+    _keys_dir(args, elastic is not None or (per_s, per_w) != (server_num, worker_num))
     addr, source = _elastic_host(args, server)
     servers, workers = rdv_module.host_endpoints(addr, per_s, per_w,
                                                  6170 if args.start_port is None else args.start_port)
@@ -606,8 +604,27 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
                   meaning="the seconds of a host's lease in etcd")
     wait_s = env_int(rdv_module.TIMEOUT_ENV, rdv_module.DEFAULT_TIMEOUT_S, low=1,
                      meaning="the seconds to wait for the job's hosts")
-    return rdv_module.Rendezvous(client, job_id, me, server_num, args.worker_num, ttl, wait_s,
-                                 host_source=source)
+    return rdv_module.Rendezvous(client, job_id, me, server_num, worker_num, ttl, wait_s,
+                                 host_source=source, elastic=elastic)
+
+
+def _elastic_etcd_np(args):
+    """(MIN, MAX) of ``--np`` with --elastic_server, or None; checks what goes with it."""
+    if args.np is None:
+        if args.worker_replacements:
+            raise ConfigError(f"--worker_replacements {args.worker_replacements} is for elastic jobs: "
+                              "give --np MIN:MAX")
+        return None
+    low, high = parse_np(args.np)
+    if args.collective:
+        raise ConfigError(f"--np {args.np} makes a parameter-server job elastic: leave out --collective")
+    if args.worker_num is not None:
+        raise ConfigError(f"--worker_num {args.worker_num} with --np {args.np} and --elastic_server: the job "
+                          f"forms with {low}..{high} workers, as its hosts offer them (--worker_num_per_host); "
+                          "leave out --worker_num")
+    if args.worker_replacements < 0:
+        raise ConfigError(f"--worker_replacements {args.worker_replacements} must be an integer >= 0")
+    return low, high
 
 
 def _elastic_host(args, server):
@@ -643,6 +660,8 @@ def launch_with_etcd(args: argparse.Namespace) -> int:
         return 128 + signal.SIGINT
     say(f"{rendezvous.where} formed in {rendezvous.seconds:.2f} s: "
         + "; ".join(f"{m.addr}: {plan.ranks_of(m.addr)}" for m in plan.members))
+    if rendezvous.elastic is not None:
+        return _run_elastic_host(args, rendezvous, plan)
     code, down = EXIT_PROCESS_FAILED, None
     try:
         placement = place(plan.servers, plan.workers, host=me.addr,
@@ -663,6 +682,42 @@ def launch_with_etcd(args: argparse.Namespace) -> int:
             f"unreachable (for {down[0]:.1f} s), so the change of membership could not go "
             "through etcd; bring etcd back (or point --elastic_server at a running one) "
             "before starting the job again")
+    return code
+
+
+def _run_elastic_host(args, rendezvous, plan):
+    """This host's share of an elastic job formed through etcd (--np with --elastic_server):
+    its servers and plan slots, or (a host joining the running job) free slots it takes.
+    Returns launch's exit code."""
+    me, code, down = rendezvous.me, EXIT_PROCESS_FAILED, None
+    registry = slots_module.SlotRegistry(rendezvous, plan)
+    try:
+        if rendezvous.late:
+            registry.join_slots = tuple(registry.claim(len(me.workers)))
+            if not registry.join_slots:
+                raise RendezvousError(f"{rendezvous.where} runs, and this host ({me.describe()}) found no worker "
+                                      f"slot to join it in: {registry.why_none}")
+            say(f"joining the running {rendezvous.where} in worker slot"
+                f"{'s' if len(registry.join_slots) > 1 else ''} {', '.join(map(str, registry.join_slots))}")
+            servers, workers, bind_any, bind_any_workers = (), (), (), ()
+        else:
+            placement = place(plan.servers, plan.workers, host=me.addr, host_source=rendezvous.host_source)
+            servers, workers = placement.servers, registry.take_plan_slots()
+            bind_any, bind_any_workers = placement.bind_any, placement.bind_any_workers
+        registry.start()
+        start = 6170 if args.start_port is None else args.start_port
+        config = _make_config(args, plan.servers, slots_module.slot_endpoints(me, plan, registry.high, start),
+                              local_servers=servers, local_workers=workers, bind_any=bind_any,
+                              bind_any_workers=bind_any_workers, host=me.addr, keys_dir=_keys_dir(args, True),
+                              elastic=rendezvous.elastic, worker_replacements=args.worker_replacements)
+        code = launch(config, monitor=slots_module.ElasticMonitor(rendezvous.monitor, registry))
+        down = rendezvous.monitor.etcd_down()
+    finally:
+        registry.stop()
+        rendezvous.leave(code)
+    if code != 0 and down is not None:
+        say(f"exit {code}: the job failed while etcd at {rendezvous.client.endpoint} was unreachable (for "
+            f"{down[0]:.1f} s); bring etcd back before starting the job again")
     return code
 
 
