@@ -106,6 +106,9 @@ examples:
   fleetrun --elastic_server 10.0.0.9:2379 --job_id ctr1 --server_num 2 --worker_num 3 \\
       --server_num_per_host 1 --worker_num_per_host 1 --keys_dir keys train.py
                                            # the same on each host: ranks from etcd
+  fleetrun --elastic_server 10.0.0.9:2379 --job_id ctr2 --np 2:4 --server_num 1 \\
+      --server_num_per_host 0 --worker_num_per_host 2 --keys_dir keys train.py --strategy async
+                                           # elastic across hosts: this host's 2 workers join
 """
 
 
@@ -186,7 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         "every worker the whole list; train_from_dataset takes work units from server 0). The job fails, naming "
         "the lost workers, once fewer than MIN run before the data is done. Add workers to a running job with "
         "`fleetrun --add_workers N --log_dir DIR` or `kill -USR1 <fleetrun pid>` (one). Sync, collective and "
-        "hybrid jobs cannot be elastic. See docs/elastic.md.", width=86))
+        "hybrid jobs cannot be elastic. With --elastic_server (and --server_num, no --worker_num) the MAX slots "
+        "are keys in etcd: the job forms with its servers and at least MIN workers; a host of workers only that "
+        "registers later takes free slots (up to its --worker_num_per_host) and starts joining workers; a lost host "
+        "of workers only frees its slots (a lost server host still ends the job); below MIN live slots, with no "
+        "worker done, every host ends the job; --add_workers on a host takes free slots from etcd. Its processes "
+        "get no PADDLE_TRAINER_ENDPOINTS. See docs/elastic.md.", width=86))
     elastic.add_argument("--np", metavar="MIN:MAX",
                          help="make the job elastic: keep it running while at least MIN workers are alive, "
                               "admit up to MAX")
@@ -296,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the job's --server_num servers and --worker_num workers. Ranks follow the order the hosts "
         "registered in; every host reads the same plan from etcd and starts its share as with "
         "--servers/--workers lists. A host lost while the job runs ends the job, naming it; a "
-        "host arriving after the job formed is refused. Training never talks to etcd: if etcd "
+        "host arriving after the job formed is refused (with --np MIN:MAX a host of workers only "
+        "joins in free worker slots, and losing one does not end the job). Training never talks to etcd: if etcd "
         "goes away, the job trains on, and a failure then names etcd's endpoint too. Each call "
         "to etcd waits at most FLEET_ETCD_TIMEOUT_MS (default 5000). See docs/elastic.md.",
         width=86))
