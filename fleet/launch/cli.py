@@ -661,7 +661,8 @@ def launch_with_etcd(args: argparse.Namespace) -> int:
     me = rendezvous.me
     say(f"registering this host, {me.describe()} (address from {rendezvous.host_source}), in "
         f"{rendezvous.where}; waiting for {plural(rendezvous.server_num, 'server')} and "
-        f"{plural(rendezvous.worker_num, 'worker')}")
+        + (f"{rendezvous.elastic[0]} to {rendezvous.elastic[1]} workers (--np)" if rendezvous.elastic
+           else plural(rendezvous.worker_num, 'worker')))
     try:
         plan = rendezvous.join()
     except KeyboardInterrupt:

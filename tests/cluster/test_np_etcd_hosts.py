@@ -156,3 +156,35 @@ def test_np_2_4_through_etcd_a_third_host_joins_with_two_workers_and_one_is_kill
     print(f"test AUC: elastic across hosts {elastic_auc:.4f}, fixed 2 workers {fixed_auc:.4f}; pass {lost_pass} "
           f"returned {units} units of worker 3")
     assert abs(elastic_auc - fixed_auc) <= 0.01, (elastic_auc, fixed_auc)
+
+
+def test_np_through_etcd_below_min_after_a_lost_host_ends_the_job_naming_it(
+        cluster_factory, tmp_path, ctr_data, ctr_keys):
+    """--np 2:4 with h1 (server, worker 0) and h2 (worker 1): h2's fleetrun and every process
+    of the job there are SIGKILLed. One worker is left, fewer than MIN and none finished:
+    h1 ends the job, exit 1, naming the lost worker and host; nothing is left running."""
+    cluster = cluster_factory(2)
+    h1, h2 = cluster.hosts
+    etcd = _etcd_in(h1, tmp_path)
+    started = {"h1": _fleetrun(h1, tmp_path, etcd, ctr_data, tmp_path / "model", ctr_keys)}
+    _wait_for(lambda: "registering this host" in (tmp_path / "h1" / "stderr").read_text(), 30, "h1 registers")
+    time.sleep(1.0)
+    started["h2"] = _fleetrun(h2, tmp_path, etcd, ctr_data, tmp_path / "model", ctr_keys)
+    server_log = tmp_path / "h1" / "log" / "serverlog.0"
+    _wait_for(lambda: server_log.exists() and "opened pass 0" in server_log.read_text(), 90,
+              "the workers to open the first pass", started.values())
+    time.sleep(2.0)  # training
+    assert started["h2"][0].poll() is None and started["h1"][0].poll() is None
+    for pid in h2.pids():
+        os.kill(pid, signal.SIGKILL)
+    lost = time.monotonic()
+    started["h1"][0].wait(timeout=60)
+    ended = time.monotonic() - lost
+    err = (tmp_path / "h1" / "stderr").read_text()
+    assert started["h1"][0].returncode == 1, err[-3000:]
+    assert re.search(r"fleetrun: exit 1: membership change: only 1 worker of job 'np-ctr' at etcd \S+ live, fewer "
+                     r"than --np 2:4's minimum 2, and no worker has finished the data: the job fails\. Lost: worker 1 "
+                     rf"\(lost with host {re.escape(h2.addr)}\); lost hosts: {re.escape(h2.addr)}\n", err), err[-3000:]
+    print(f"h2 killed to h1's fleetrun ended: {ended:.1f} s (PADDLE_ELASTIC_TTL=3)")
+    etcd.stop()
+    assert cluster.leftovers() == {}
