@@ -6,6 +6,10 @@ taken); one of h3's workers is killed with SIGKILL. The job finishes by itself o
 host; the server's work queue acknowledged every unit of every epoch once, the lost
 worker's units went back to the queue (at most 2 x threads of them), and the test AUC is
 within 0.01 of a fixed two-worker run of the same work units on one host.
+
+Also: a lost host of workers only (every process there SIGKILLed) while MIN workers live
+is no membership change, and the job finishes; a lost host that leaves fewer than MIN
+workers ends the job on the others, naming the lost worker and host.
 """
 import json
 import os
@@ -44,10 +48,11 @@ def _env():
                          FLEET_ELASTIC_UNIT_BYTES=str(UNIT_BYTES))
 
 
-def _fleetrun(host, tmp_path, etcd, data, model, keys):
+def _fleetrun(host, tmp_path, etcd, data, model, keys, shares=None):
+    """Start this host's fleetrun with its share (servers, workers), default SHARES'."""
     work = tmp_path / host.name
     work.mkdir(exist_ok=True)
-    servers, workers = SHARES[host.name]
+    servers, workers = shares or SHARES[host.name]
     argv = [sys.executable, "-m", "fleet.launch", "--elastic_server", etcd.endpoint, "--job_id", "np-ctr",
             "--server_num", 1, "--np", "2:4", "--server_num_per_host", servers, "--worker_num_per_host", workers,
             "--keys_dir", keys, "--log_dir", work / "log", "--timeout", 240,
@@ -186,5 +191,44 @@ def test_np_through_etcd_below_min_after_a_lost_host_ends_the_job_naming_it(
                      r"than --np 2:4's minimum 2, and no worker has finished the data: the job fails\. Lost: worker 1 "
                      rf"\(lost with host {re.escape(h2.addr)}\); lost hosts: {re.escape(h2.addr)}\n", err), err[-3000:]
     print(f"h2 killed to h1's fleetrun ended: {ended:.1f} s (PADDLE_ELASTIC_TTL=3)")
+    etcd.stop()
+    assert cluster.leftovers() == {}
+
+
+def test_np_through_etcd_a_lost_host_of_workers_only_is_no_membership_change(
+        cluster_factory, tmp_path, ctr_data, ctr_keys):
+    """--np 2:4: h1 (server, worker 0), h2 (worker 1), h3 joins with one worker (slot 2). Once
+    worker 2 holds a unit, h3's fleetrun and every process of the job there are SIGKILLed.
+    Two workers remain (MIN): h1 and h2 finish the job with exit 0, every unit of every
+    epoch acknowledged once, worker 2's units back in the queue."""
+    cluster = cluster_factory(3)
+    h1, h2, h3 = cluster.hosts
+    etcd = _etcd_in(h1, tmp_path)
+    model = tmp_path / "model"
+    started = {"h1": _fleetrun(h1, tmp_path, etcd, ctr_data, model, ctr_keys)}
+    _wait_for(lambda: "registering this host" in (tmp_path / "h1" / "stderr").read_text(), 30, "h1 registers")
+    time.sleep(1.0)
+    started["h2"] = _fleetrun(h2, tmp_path, etcd, ctr_data, model, ctr_keys)
+    server_log = tmp_path / "h1" / "log" / "serverlog.0"
+    _wait_for(lambda: server_log.exists() and "opened pass 0" in server_log.read_text(), 90,
+              "the workers to open the first pass", started.values())
+    _, h3_work = _fleetrun(h3, tmp_path, etcd, ctr_data, model, ctr_keys, shares=(0, 1))
+    _wait_for(lambda: "worker 2 joined" in server_log.read_text(), 60, "worker 2 to join", started.values())
+    time.sleep(2.0)  # it trains and holds units
+    for pid in h3.pids():
+        os.kill(pid, signal.SIGKILL)
+    for name, (proc, work) in started.items():
+        proc.wait(timeout=200)
+        err = (work / "stderr").read_text()
+        assert proc.returncode == 0, f"{name}: {err[-4000:]}"
+        assert "membership change" not in err, err[-3000:]
+    assert "joining the running job 'np-ctr'" in (h3_work / "stderr").read_text()
+    figures = _queue_figures(server_log.read_text())
+    assert sorted(figures) == list(range(EPOCHS)), figures
+    for status in figures.values():
+        assert status["done"] and status["acked"] == status["units"] and status["examples"] == 60000, status
+    returned = {p: s for p, s in figures.items() if s["returned_from"]}
+    assert [s["returned_from"] for s in returned.values()] == [[2]], figures
+    assert all(1 <= s["returned_units"] <= 2 * THREADS for s in returned.values()), figures
     etcd.stop()
     assert cluster.leftovers() == {}
