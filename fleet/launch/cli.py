@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "registers later takes free slots (up to its --worker_num_per_host) and starts joining workers; a lost host "
         "of workers only frees its slots (a lost server host still ends the job); below MIN live slots, with no "
         "worker done, every host ends the job; --add_workers on a host takes free slots from etcd. Its processes "
-        "get no PADDLE_TRAINER_ENDPOINTS. See docs/elastic.md.", width=86))
+        "get no PADDLE_TRAINER_ENDPOINTS; --max_restarts is refused with it. See docs/elastic.md.", width=86))
     elastic.add_argument("--np", metavar="MIN:MAX",
                          help="make the job elastic: keep it running while at least MIN workers are alive, "
                               "admit up to MAX")
@@ -633,6 +633,14 @@ def _elastic_etcd_np(args):
                           "leave out --worker_num")
     if args.worker_replacements < 0:
         raise ConfigError(f"--worker_replacements {args.worker_replacements} must be an integer >= 0")
+    if args.max_restarts:
+        # A restart would have to bring every host's slots back at once: the workers of
+        # hosts without a server see a lost server only as lost workers, and slots freed in
+        # the failed attempt must not count against MIN while the hosts restart apart.
+        raise ConfigError(f"--max_restarts {args.max_restarts} with --np {args.np} and --elastic_server: worker "
+                          "slots across hosts are not restarted (docs/elastic.md); leave out --max_restarts (lost "
+                          "workers and hosts of workers only are tolerated while MIN workers live), or give a fixed "
+                          "--worker_num instead of --np to restart the job from its checkpoints")
     return low, high
 
 

@@ -111,6 +111,10 @@ def _args(*argv):
     (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--np", "2:3",
       "--worker_num_per_host", "4"],
      "--worker_num_per_host 4 must be in 0..3 (the job's total)"),
+    (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--np", "2:4", "--max_restarts", "1"],
+     "--max_restarts 1 with --np 2:4 and --elastic_server: worker slots across hosts are not restarted "
+     "(docs/elastic.md); leave out --max_restarts (lost workers and hosts of workers only are tolerated while MIN "
+     "workers live), or give a fixed --worker_num instead of --np to restart the job from its checkpoints"),
     (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--np", "3:2"],
      "--np='3:2' is not MIN:MAX with 1 <= MIN <= MAX"),
     (["--elastic_server", "e", "--job_id", "j", "--server_num", "1", "--worker_num", "1"],
