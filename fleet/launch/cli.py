@@ -710,6 +710,7 @@ def _run_elastic_host(args, rendezvous, plan):
     me, code, down = rendezvous.me, EXIT_PROCESS_FAILED, None
     registry = slots_module.SlotRegistry(rendezvous, plan)
     try:
+        registry.agree_np()
         if rendezvous.late:
             registry.join_slots = tuple(registry.claim(len(me.workers)))
             if not registry.join_slots:

@@ -375,6 +375,7 @@ class Rendezvous:
         self.client.delete(self.prefix + "formed")
         self.client.delete(self.prefix + "done/", prefix=True)
         self.client.delete(self.prefix + "slots/", prefix=True)
+        self.client.delete(self.prefix + "np")
 
     def _revoke_quietly(self):
         try:

@@ -36,6 +36,7 @@ from fleet.errors import RendezvousError
 from fleet.launch.report import plural, say
 
 SLOTS = "slots/"
+NP_KEY = "np"  # the job's MIN:MAX, written by its first member
 LIVE, FREE, DONE = "live", "free", "done"
 _READ_EVERY_S = 0.5
 
@@ -145,6 +146,24 @@ class SlotRegistry:
         self._thread = None
 
     # -- this host's slots -----------------------------------------------------------------
+    def agree_np(self):
+        """Checks that this host's --np is the job's: the first member writes it under
+        ``np``, the other members and the hosts joining later compare.
+
+        Raises:
+            RendezvousError: etcd did not answer; another --np, or a job formed without --np.
+        """
+        key, mine = self.rdv.prefix + NP_KEY, f"{self.low}:{self.high}"
+        if self.rdv.late:
+            kvs, _ = self.rdv.client.range(key)
+            job = kvs[0].value if kvs else None
+        else:
+            job = self.rdv.client.put_if_absent(key, mine)[1].value
+        if job == mine:
+            return
+        raise RendezvousError(f"{self.rdv.where} runs {f'with --np {job}' if job else 'without --np (a fixed job)'}, "
+                              f"and this host gives --np {mine}: give every host of a job the same --np")
+
     def take_plan_slots(self):
         """Writes the plan slots of this host as live (bound to its lease). Returns them.
 

@@ -174,3 +174,21 @@ def test_a_lost_server_host_is_still_a_membership_change(etcd):
         assert rdvs[1].monitor.poll().startswith("host 10.9.8.1 (server 0, worker 0) was lost from job 'np-e'")
     finally:
         rdvs[1].leave(0)
+
+
+def test_every_host_of_a_job_must_give_the_same_np(etcd):
+    rdvs, plans = _form(etcd, "np-f", [_host(1, 1, 1), _host(2, 0, 1)])
+    plan = plans["10.9.8.1"]
+    late = _rdv(etcd, "np-f", _host(3, 0, 1), np=(2, 3))
+    try:
+        for r in rdvs:
+            SlotRegistry(r, plan).agree_np()
+        assert late.join() == plan and late.late
+        with pytest.raises(RendezvousError) as e:
+            SlotRegistry(late, plan).agree_np()
+        assert str(e.value) == (f"job 'np-f' at etcd {etcd.endpoint} runs with --np 2:4, and this host gives "
+                                "--np 2:3: give every host of a job the same --np")
+    finally:
+        for r in (*rdvs, late):
+            r.leave(0)
+    assert EtcdClient(etcd.endpoint, 2).range("/fleet/jobs/np-f/", prefix=True)[0] == []
