@@ -119,3 +119,18 @@ def test_a_host_with_a_server_waits_for_a_worker_to_finish_the_data(tmp_path):
     job.children[0].returncode = -9
     job.elastic.tick()
     assert not job.elastic.workers_done()  # its server serves the other hosts' workers
+
+
+def test_a_replacement_keeps_the_lost_workers_slot_in_etcd(tmp_path):
+    slots = _Slots()
+    job = _Job(tmp_path, slots, local_workers=(0, 1))
+    job.config = type(job.config)(**{**job.config.__dict__, "worker_replacements": 1})
+    policy = ElasticPolicy(job)
+    job.elastic = policy
+    job.children[1].returncode = -9
+    policy.tick()
+    assert job.started == [("worker", 1, True, {"FLEET_ELASTIC_JOINING": "1"})]
+    assert slots.calls == []  # the slot stays live: its replacement runs in it
+    job.children[2].returncode = -9
+    policy.tick()
+    assert slots.calls == [("release", 1)]  # no replacement left: now it is free
