@@ -135,6 +135,17 @@ class ElasticPolicy:
             elif self.slots is not None:
                 self.slots.release(ch.index)
             self.write_state()
+        if (self.slots is not None and self.lost and not self.job.config.here("server")
+                and all(ch.tolerated for ch in self.workers())):
+            # A host of workers only whose every worker was lost, none finishing: it has
+            # nothing left to run and must not say "done" (its workers may have died with
+            # the server's host). The job goes on elsewhere while MIN workers live.
+            names = ", ".join(f"{ch.name} ({ch.describe_exit()})" for ch in self.lost)
+            say(f"every worker of this host was lost and none finished the data: {names}; this host leaves "
+                f"(the job goes on on the other hosts while --np {self.low}:{self.high}'s minimum live)")
+            for ch in self.lost:
+                ch.tolerated = False
+            return
         # Multi-host (slots placed by a rendezvous): MIN counts every host's workers, which
         # the rendezvous knows; this host only tolerates its lost workers.
         if (self.lost and not self.data_done() and not self.job.config.multi_host

@@ -134,3 +134,23 @@ def test_a_replacement_keeps_the_lost_workers_slot_in_etcd(tmp_path):
     job.children[2].returncode = -9
     policy.tick()
     assert slots.calls == [("release", 1)]  # no replacement left: now it is free
+
+
+def test_a_host_of_workers_only_whose_every_worker_was_lost_fails_instead_of_saying_done(tmp_path, capsys):
+    slots = _Slots(join_slots=(2, 3))
+    job = _Job(tmp_path, slots, local_servers=(), local_workers=())
+    policy = job.elastic
+    policy.start()
+    try:
+        job.children[0].returncode = -9
+        policy.tick()
+        assert job.children[0].tolerated  # worker 3 still runs
+        job.children[1].returncode = 1
+        policy.tick()
+        assert not any(ch.tolerated for ch in job.children)  # the job loop fails with worker 2 as the cause
+        assert not policy.workers_done()
+        assert ("every worker of this host was lost and none finished the data: worker 2 (was killed by SIGKILL), "
+                "worker 3 (exited with code 1); this host leaves (the job goes on on the other hosts while --np "
+                "2:4's minimum live)") in capsys.readouterr().err
+    finally:
+        policy.stop()
