@@ -199,7 +199,8 @@ def test_np_through_etcd_a_lost_host_of_workers_only_is_no_membership_change(
         cluster_factory, tmp_path, ctr_data, ctr_keys):
     """--np 2:4: h1 (server, worker 0), h2 (worker 1), h3 joins with one worker (slot 2). Once
     worker 2 holds a unit, h3's fleetrun and every process of the job there are SIGKILLed.
-    Two workers remain (MIN): h1 and h2 finish the job with exit 0, every unit of every
+    Two workers remain (MIN): the job goes on; `fleetrun --add_workers 1` on h2 starts a
+    worker there in a free slot; h1 and h2 finish the job with exit 0, every unit of every
     epoch acknowledged once, worker 2's units back in the queue."""
     cluster = cluster_factory(3)
     h1, h2, h3 = cluster.hosts
@@ -217,12 +218,22 @@ def test_np_through_etcd_a_lost_host_of_workers_only_is_no_membership_change(
     time.sleep(2.0)  # it trains and holds units
     for pid in h3.pids():
         os.kill(pid, signal.SIGKILL)
+    # a worker added on h2 takes a free slot from etcd (3, or 2 once h3's lease ended)
+    added = subprocess.run([sys.executable, "-m", "fleet.launch", "--add_workers", "1", "--log_dir",
+                            tmp_path / "h2" / "log"], capture_output=True, text=True, timeout=30, env=_env())
+    assert added.returncode == 0, added.stderr
+    slot = re.search(r"the job's fleetrun started worker (\d)\n", added.stderr)
+    assert slot and slot.group(1) in ("2", "3"), added.stderr
     for name, (proc, work) in started.items():
         proc.wait(timeout=200)
         err = (work / "stderr").read_text()
         assert proc.returncode == 0, f"{name}: {err[-4000:]}"
         assert "membership change" not in err, err[-3000:]
     assert "joining the running job 'np-ctr'" in (h3_work / "stderr").read_text()
+    h2_err = started["h2"][1].joinpath("stderr").read_text()
+    assert re.search(rf"started worker {slot.group(1)} \(pid \d+\) \(added on request, in a slot taken in etcd\)",
+                     h2_err), h2_err[-3000:]
+    assert f"worker {slot.group(1)} joined" in server_log.read_text()
     figures = _queue_figures(server_log.read_text())
     assert sorted(figures) == list(range(EPOCHS)), figures
     for status in figures.values():
