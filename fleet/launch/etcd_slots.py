@@ -22,8 +22,9 @@ on any host of the job takes free slots the same way. Every host's
 :class:`SlotRegistry` reads the slots every half second: while no slot is done and fewer
 than MIN are live, the job ends on every host, naming the lost workers and hosts.
 
-Thread-safety: a SlotRegistry's methods may be called from any thread; its reader runs
-on a thread of its own.
+Thread-safety: a SlotRegistry's ``poll``, ``data_done`` and ``check`` may be called from
+any thread, its other methods from one thread (fleetrun's main thread); its reader runs on
+a thread of its own.
 """
 from __future__ import annotations
 
