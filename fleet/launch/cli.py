@@ -11,10 +11,11 @@ import textwrap
 from fleet.endpoints import parse_endpoint
 from fleet.envvars import env_int
 from fleet.elastic import parse_np
-from fleet.errors import ConfigError, FleetError
+from fleet.errors import ConfigError, FleetError, RendezvousError
 from fleet.launch.config import (DEFAULT_FAILURE_GRACE, EXIT_PROCESS_FAILED, EXIT_USAGE,
                                  LaunchConfig, _check_unique)
 from fleet.launch import etcd_rendezvous as rdv_module
+from fleet.launch import etcd_slots as slots_module
 from fleet.launch import hosts as hosts_module
 from fleet.launch.elastic import request_add_workers
 from fleet.launch.etcd_rounds import Regroup
@@ -106,6 +107,9 @@ examples:
   fleetrun --elastic_server 10.0.0.9:2379 --job_id ctr1 --server_num 2 --worker_num 3 \\
       --server_num_per_host 1 --worker_num_per_host 1 --keys_dir keys train.py
                                            # the same on each host: ranks from etcd
+  fleetrun --elastic_server 10.0.0.9:2379 --job_id ctr2 --np 2:4 --server_num 1 \\
+      --server_num_per_host 0 --worker_num_per_host 2 --keys_dir keys train.py --strategy async
+                                           # elastic across hosts: this host's 2 workers join
 """
 
 
@@ -196,7 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         "every worker the whole list; train_from_dataset takes work units from server 0). The job fails, naming "
         "the lost workers, once fewer than MIN run before the data is done. Add workers to a running job with "
         "`fleetrun --add_workers N --log_dir DIR` or `kill -USR1 <fleetrun pid>` (one). Sync, collective and "
-        "hybrid jobs cannot be elastic. See docs/elastic.md.", width=86))
+        "hybrid jobs cannot be elastic. With --elastic_server (and --server_num, no --worker_num) the MAX slots "
+        "are keys in etcd: the job forms with its servers and at least MIN workers; a host of workers only that "
+        "registers later takes free slots (up to its --worker_num_per_host) and starts joining workers; a lost host "
+        "of workers only frees its slots (a lost server host still ends the job); below MIN live slots, with no "
+        "worker done, every host ends the job; --add_workers on a host takes free slots from etcd. Its processes "
+        "get no PADDLE_TRAINER_ENDPOINTS; --max_restarts is refused with it. See docs/elastic.md.", width=86))
     elastic.add_argument("--np", metavar="MIN:MAX",
                          help="make the job elastic: keep it running while at least MIN workers are alive, "
                               "admit up to MAX")
@@ -306,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the job's --server_num servers and --worker_num workers. Ranks follow the order the hosts "
         "registered in; every host reads the same plan from etcd and starts its share as with "
         "--servers/--workers lists. A host lost while the job runs ends the job, naming it; a "
-        "host arriving after the job formed is refused. Training never talks to etcd: if etcd "
+        "host arriving after the job formed is refused (with --np MIN:MAX a host of workers only "
+        "joins in free worker slots, and losing one does not end the job). Training never talks to etcd: if etcd "
         "goes away, the job trains on, and a failure then names etcd's endpoint too. Each call "
         "to etcd waits at most FLEET_ETCD_TIMEOUT_MS (default 5000). See docs/elastic.md.",
         width=86))
@@ -583,11 +593,7 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
         raise ConfigError("--servers/--workers with --elastic_server: etcd hands out the "
                           "endpoints; give the job's totals (--server_num N --worker_num M) and "
                           "this host's share (--server_num_per_host, --worker_num_per_host)")
-    if args.np is not None or args.worker_replacements:
-        raise ConfigError(f"{'--np' if args.np is not None else '--worker_replacements'} with "
-                          "--elastic_server: workers that come and go run in a job on one host "
-                          "today (docs/elastic.md), and a job formed through etcd has a "
-                          "fixed set of ranks (docs/elastic.md); leave out one of them")
+    elastic = _elastic_etcd_np(args)
     if not job_id:
         raise ConfigError(f"--elastic_server {server} needs --job_id ID (or {rdv_module.JOB_ID_ENV}): "
                           "the name under which this job's hosts meet in etcd")
@@ -597,14 +603,15 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
         raise ConfigError("no training script: give the path of the Python script to run "
                           "(fleetrun [options] train.py [args])")
     server_num = 0 if args.collective else args.server_num
-    if server_num is None or args.worker_num is None:
+    worker_num = args.worker_num if elastic is None else elastic[1]
+    if server_num is None or worker_num is None:
         raise ConfigError("--elastic_server needs the job's totals, the same on every host: "
                           "--server_num N --worker_num M (the job forms when its hosts offer "
                           "that many)")
     per_s = 0 if args.collective else (1 if args.server_num_per_host is None else args.server_num_per_host)
     per_w = args.worker_num_per_host
     for name, value, total in (("--server_num_per_host", per_s, server_num),
-                               ("--worker_num_per_host", per_w, args.worker_num)):
+                               ("--worker_num_per_host", per_w, worker_num)):
         if not 0 <= value <= total:
             raise ConfigError(f"{name} {value} must be in 0..{total} (the job's total)")
     if per_s + per_w == 0:
@@ -613,7 +620,7 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
     if server_num == 0 and not args.collective:
         raise ConfigError("--server_num 0 with --elastic_server: local training needs no "
                           "rendezvous; give --server_num 1 or more (or --collective)")
-    _keys_dir(args, (per_s, per_w) != (server_num, args.worker_num))
+    _keys_dir(args, elastic is not None or (per_s, per_w) != (server_num, worker_num))
     addr, source = _elastic_host(args, server)
     servers, workers = rdv_module.host_endpoints(addr, per_s, per_w,
                                                  6170 if args.start_port is None else args.start_port)
@@ -623,8 +630,35 @@ def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
                   meaning="the seconds of a host's lease in etcd")
     wait_s = env_int(rdv_module.TIMEOUT_ENV, rdv_module.DEFAULT_TIMEOUT_S, low=1,
                      meaning="the seconds to wait for the job's hosts")
-    return rdv_module.Rendezvous(client, job_id, me, server_num, args.worker_num, ttl, wait_s,
-                                 host_source=source)
+    return rdv_module.Rendezvous(client, job_id, me, server_num, worker_num, ttl, wait_s,
+                                 host_source=source, elastic=elastic)
+
+
+def _elastic_etcd_np(args):
+    """(MIN, MAX) of ``--np`` with --elastic_server, or None; checks what goes with it."""
+    if args.np is None:
+        if args.worker_replacements:
+            raise ConfigError(f"--worker_replacements {args.worker_replacements} is for elastic jobs: "
+                              "give --np MIN:MAX")
+        return None
+    low, high = parse_np(args.np)
+    if args.collective:
+        raise ConfigError(f"--np {args.np} makes a parameter-server job elastic: leave out --collective")
+    if args.worker_num is not None:
+        raise ConfigError(f"--worker_num {args.worker_num} with --np {args.np} and --elastic_server: the job "
+                          f"forms with {low}..{high} workers, as its hosts offer them (--worker_num_per_host); "
+                          "leave out --worker_num")
+    if args.worker_replacements < 0:
+        raise ConfigError(f"--worker_replacements {args.worker_replacements} must be an integer >= 0")
+    if args.max_restarts:
+        # A restart would have to bring every host's slots back at once: the workers of
+        # hosts without a server see a lost server only as lost workers, and slots freed in
+        # the failed attempt must not count against MIN while the hosts restart apart.
+        raise ConfigError(f"--max_restarts {args.max_restarts} with --np {args.np} and --elastic_server: worker "
+                          "slots across hosts are not restarted (docs/elastic.md); leave out --max_restarts (lost "
+                          "workers and hosts of workers only are tolerated while MIN workers live), or give a fixed "
+                          "--worker_num instead of --np to restart the job from its checkpoints")
+    return low, high
 
 
 def _elastic_host(args, server):
@@ -652,7 +686,8 @@ def launch_with_etcd(args: argparse.Namespace) -> int:
     me = rendezvous.me
     say(f"registering this host, {me.describe()} (address from {rendezvous.host_source}), in "
         f"{rendezvous.where}; waiting for {plural(rendezvous.server_num, 'server')} and "
-        f"{plural(rendezvous.worker_num, 'worker')}")
+        + (f"{rendezvous.elastic[0]} to {rendezvous.elastic[1]} workers (--np)" if rendezvous.elastic
+           else plural(rendezvous.worker_num, 'worker')))
     try:
         plan = rendezvous.join()
     except KeyboardInterrupt:
@@ -660,6 +695,8 @@ def launch_with_etcd(args: argparse.Namespace) -> int:
         return 128 + signal.SIGINT
     say(f"{rendezvous.where} formed in {rendezvous.seconds:.2f} s: "
         + "; ".join(f"{m.addr}: {plan.ranks_of(m.addr)}" for m in plan.members))
+    if rendezvous.elastic is not None:
+        return _run_elastic_host(args, rendezvous, plan)
     code, down = EXIT_PROCESS_FAILED, None
 
     def config_for(plan):
@@ -685,6 +722,43 @@ def launch_with_etcd(args: argparse.Namespace) -> int:
             f"unreachable (for {down[0]:.1f} s), so the change of membership could not go "
             "through etcd; bring etcd back (or point --elastic_server at a running one) "
             "before starting the job again")
+    return code
+
+
+def _run_elastic_host(args, rendezvous, plan):
+    """This host's share of an elastic job formed through etcd (--np with --elastic_server):
+    its servers and plan slots, or (a host joining the running job) free slots it takes.
+    Returns launch's exit code."""
+    me, code, down = rendezvous.me, EXIT_PROCESS_FAILED, None
+    registry = slots_module.SlotRegistry(rendezvous, plan)
+    try:
+        registry.agree_np()
+        if rendezvous.late:
+            registry.join_slots = tuple(registry.claim(len(me.workers)))
+            if not registry.join_slots:
+                raise RendezvousError(f"{rendezvous.where} runs, and this host ({me.describe()}) found no worker "
+                                      f"slot to join it in: {registry.why_none}")
+            say(f"joining the running {rendezvous.where} in worker slot"
+                f"{'s' if len(registry.join_slots) > 1 else ''} {', '.join(map(str, registry.join_slots))}")
+            servers, workers, bind_any, bind_any_workers = (), (), (), ()
+        else:
+            placement = place(plan.servers, plan.workers, host=me.addr, host_source=rendezvous.host_source)
+            servers, workers = placement.servers, registry.take_plan_slots()
+            bind_any, bind_any_workers = placement.bind_any, placement.bind_any_workers
+        registry.start()
+        start = 6170 if args.start_port is None else args.start_port
+        config = _make_config(args, plan.servers, slots_module.slot_endpoints(me, plan, registry.high, start),
+                              local_servers=servers, local_workers=workers, bind_any=bind_any,
+                              bind_any_workers=bind_any_workers, host=me.addr, keys_dir=_keys_dir(args, True),
+                              elastic=rendezvous.elastic, worker_replacements=args.worker_replacements)
+        code = launch(config, monitor=slots_module.ElasticMonitor(rendezvous.monitor, registry))
+        down = rendezvous.monitor.etcd_down()
+    finally:
+        registry.stop()
+        rendezvous.leave(code)
+    if code != 0 and down is not None:
+        say(f"exit {code}: the job failed while etcd at {rendezvous.client.endpoint} was unreachable (for "
+            f"{down[0]:.1f} s); bring etcd back before starting the job again")
     return code
 
 

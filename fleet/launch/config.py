@@ -283,7 +283,8 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
 
     Returns:
         A new dict: ``base`` without ROLE_VARIABLES and STALE_VARIABLES, plus the role
-        variables of this process (none in local training; in a collective job
+        variables of this process (PADDLE_TRAINER_ENDPOINTS left out in an elastic job
+        across hosts, whose slots' hosts change) (none in local training; in a collective job
         PADDLE_TRAINING_ROLE=TRAINER, PADDLE_TRAINER_ENDPOINTS, PADDLE_CURRENT_ENDPOINT,
         PADDLE_TRAINER_ID and PADDLE_TRAINERS_NUM, no TRAINING_ROLE).
 
@@ -326,6 +327,12 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
         "POD_IP": host,
         "PADDLE_PORT": str(port),
     })
+    if config.elastic is not None and config.multi_host:
+        # Worker slots across hosts (--np with --elastic_server): a slot's host is known
+        # only once one takes it, so no list of the job's worker endpoints exists. Paddle's
+        # role maker takes the variable as optional; an elastic job's processes use it for
+        # messages only (its metrics reduce through server 0, not a workers' group).
+        del env["PADDLE_TRAINER_ENDPOINTS"]
     if role == "worker":
         env["PADDLE_TRAINER_ID"] = str(index)
     if config.elastic is not None:
@@ -349,7 +356,8 @@ def _common_environment(config, env, role, index, host):
         # Every process started here shares this machine's cores: a worker's BLAS gets its
         # share, a server (numba kernels, no BLAS) one thread. Oversubscribed BLAS pools
         # spin against each other (measured 4x slower with 2 workers on 2 cores).
-        share = 1 if role == "server" else max(1, (os.cpu_count() or 1) // len(config.here("worker")))
+        # (A host joining an elastic job across hosts starts with none: its workers join later.)
+        share = 1 if role == "server" else max(1, (os.cpu_count() or 1) // max(1, len(config.here("worker"))))
         env.update({k: str(share) for k in BLAS_THREAD_VARIABLES})
 
 

@@ -16,8 +16,11 @@ While the job runs, ``ElasticPolicy.tick`` (called from the job loop):
 
 ``admit_worker(job, worker_id=None)`` is the one call that starts a worker in a running
 job (used by the request path and by rendezvous code that assigns ids itself). In a job
-whose slots span hosts (``LaunchConfig.local_workers`` given by a rendezvous) each host's
-fleetrun tolerates its lost workers and the rendezvous enforces MIN over every host.
+whose slots span hosts (``fleetrun --np --elastic_server``: the launch monitor carries a
+``fleet.launch.etcd_slots.SlotRegistry`` as ``slots``) each host's fleetrun tolerates its
+lost workers and frees their slots in etcd, marks a slot done when its worker exits 0,
+takes free slots from etcd for added workers, and the registry enforces MIN over every
+host.
 
 Thread-safety: everything runs in fleetrun's main thread (the SIGUSR1 handler only sets a
 flag).
@@ -55,6 +58,8 @@ class ElasticPolicy:
         self.signals = 0  # SIGUSR1 received and not handled yet
         self._previous = None
         self._dir = os.path.join(job.config.log_dir, REQUESTS_DIR)
+        self.slots = getattr(job.monitor, "slots", None)  # a SlotRegistry across hosts, or None
+        self._finished = set()  # slots marked done in etcd
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
@@ -63,6 +68,9 @@ class ElasticPolicy:
         self.write_state()
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGUSR1, self._on_signal)
+        if self.slots is not None:
+            for slot in self.slots.join_slots:  # taken in etcd when this host joined a running job
+                admit_worker(self.job, slot, why="joining the running job through etcd")
 
     def write_state(self):
         """LOG_DIR/fleetrun.elastic.json: fleetrun's pid, --np, the endpoints, and the pid
@@ -100,14 +108,19 @@ class ElasticPolicy:
         return [ch for ch in self.workers() if ch.returncode is None]
 
     def data_done(self):
-        """True once a worker exited 0: it ended its last pass, so every unit was trained."""
-        return any(ch.returncode == 0 for ch in self.workers())
+        """True once a worker exited 0 (here, or in any slot across hosts): it ended its
+        last pass, so every unit was trained."""
+        return (any(ch.returncode == 0 for ch in self.workers())
+                or (self.slots is not None and self.slots.data_done()))
 
     def tick(self):
         """Handles lost workers and requests to add workers. Returns None to go on; when
         the job fell below MIN workers, un-tolerates the lost ones so the job loop fails
         it with the first of them as the root cause."""
         for ch in self.workers():
+            if ch.returncode == 0 and self.slots is not None and ch.index not in self._finished:
+                self._finished.add(ch.index)
+                self.slots.mark_done(ch.index)
             if ch.returncode in (None, 0) or ch.stopped_by_us or ch.tolerated:
                 continue
             ch.tolerated = True
@@ -119,7 +132,20 @@ class ElasticPolicy:
             if self.replacements_left > 0 and not self.data_done():
                 self.replacements_left -= 1
                 admit_worker(self.job, ch.index, why=f"replacing lost {ch.name}")
+            elif self.slots is not None:
+                self.slots.release(ch.index)
             self.write_state()
+        if (self.slots is not None and self.lost and not self.job.config.here("server")
+                and all(ch.tolerated for ch in self.workers())):
+            # A host of workers only whose every worker was lost, none finishing: it has
+            # nothing left to run and must not say "done" (its workers may have died with
+            # the server's host). The job goes on elsewhere while MIN workers live.
+            names = ", ".join(f"{ch.name} ({ch.describe_exit()})" for ch in self.lost)
+            say(f"every worker of this host was lost and none finished the data: {names}; this host leaves "
+                f"(the job goes on on the other hosts while --np {self.low}:{self.high}'s minimum live)")
+            for ch in self.lost:
+                ch.tolerated = False
+            return
         # Multi-host (slots placed by a rendezvous): MIN counts every host's workers, which
         # the rendezvous knows; this host only tolerates its lost workers.
         if (self.lost and not self.data_done() and not self.job.config.multi_host
@@ -133,10 +159,14 @@ class ElasticPolicy:
         self._handle_requests()
 
     def workers_done(self):
-        """True once no worker runs and every worker exited 0 or was lost, one exiting 0."""
+        """True once no worker runs and every worker exited 0 or was lost, one exiting 0;
+        across hosts, a host without servers is done once every worker it started ended
+        (the job goes on on the other hosts)."""
         workers = self.workers()
-        return (all(ch.returncode == 0 or ch.tolerated for ch in workers)
-                and any(ch.returncode == 0 for ch in workers))
+        ended = all(ch.returncode == 0 or ch.tolerated for ch in workers)
+        if self.slots is not None and workers and not self.job.config.here("server"):
+            return ended
+        return ended and any(ch.returncode == 0 for ch in workers)
 
     def _handle_requests(self):
         files = sorted(glob.glob(os.path.join(self._dir, "*.json")))
@@ -158,6 +188,8 @@ class ElasticPolicy:
     def admit(self, count):
         """Starts up to ``count`` new workers; returns {"admitted": [ids], "refused": n,
         "why": text}."""
+        if self.slots is not None:
+            return self._admit_from_etcd(count)
         admitted, why = [], ""
         for _ in range(count):
             if self.data_done():
@@ -167,6 +199,19 @@ class ElasticPolicy:
                 why = f"{self.high} workers run already (--np {self.low}:{self.high})"
                 break
             admitted.append(admit_worker(self.job, why="added on request"))
+        if len(admitted) < count:
+            say(f"refused {count - len(admitted)} of {count} requested workers: {why}")
+        return {"admitted": admitted, "refused": count - len(admitted), "why": why}
+
+
+    def _admit_from_etcd(self, count):
+        """admit() across hosts: free slots taken in etcd, one transaction each."""
+        try:
+            slots = self.slots.claim(count)
+            why = self.slots.why_none
+        except FleetError as e:
+            slots, why = [], str(e)
+        admitted = [admit_worker(self.job, slot, why="added on request, in a slot taken in etcd") for slot in slots]
         if len(admitted) < count:
             say(f"refused {count - len(admitted)} of {count} requested workers: {why}")
         return {"admitted": admitted, "refused": count - len(admitted), "why": why}

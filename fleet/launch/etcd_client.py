@@ -187,6 +187,22 @@ class EtcdClient:
                                   f"with neither success nor the key: {answer}")
         return False, _kv(kvs[0])
 
+    def put_if_unchanged(self, key: str, value: str, mod_revision: int, lease: int = 0) -> bool:
+        """Set key to value (attached to a lease if given) only if its last change is still
+        ``mod_revision`` (0: only if the key does not exist); one transaction.
+
+        Returns:
+            True if this call wrote it, False if the key changed since it was read.
+
+        Raises:
+            RendezvousError: etcd did not answer or refused (e.g. the lease is gone).
+        """
+        body = {"compare": [{"key": _b64(key), "result": "EQUAL", "target": "MOD",
+                             "mod_revision": str(int(mod_revision))}],
+                "success": [{"request_put": dict({"key": _b64(key), "value": _b64(value)},
+                                                 **({"lease": str(lease)} if lease else {}))}]}
+        return bool(self._call("/v3/kv/txn", body, f"a conditional write of {key!r}").get("succeeded"))
+
     def delete(self, key: str, prefix: bool = False) -> int:
         """Delete the key (or every key under the prefix); returns how many were deleted.
 

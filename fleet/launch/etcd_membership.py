@@ -4,7 +4,9 @@ Started by ``fleet.launch.etcd_rendezvous.Rendezvous.join`` once the job formed.
 keepalive thread renews this host's lease every TTL/3 s and says when etcd stops and starts
 answering; a watch thread reads the job's keys and records the first membership change: a
 member whose ``hosts/`` key disappears without its ``done/`` record (lease expired: host
-lost or fleetrun killed), or whose ``done/`` record is a non-zero exit code. fleetrun polls
+lost or fleetrun killed), or whose ``done/`` record is a non-zero exit code; in an elastic job
+(``--np``) only a member that runs a server counts (a host of workers only frees its
+worker slots and ``fleet.launch.etcd_slots`` enforces MIN). fleetrun polls
 :meth:`MembershipMonitor.poll` every 50 ms and ends the job on a change.
 
 Thread-safety: ``poll`` and ``etcd_down`` may be called from any thread.
@@ -93,7 +95,8 @@ class MembershipMonitor:
         self.rdv = rendezvous
         self.plan = plan
         self.keepalive = keepalive
-        self._members = {m.addr for m in plan.members}
+        self._members = {m.addr for m in plan.members
+                         if getattr(rendezvous, "elastic", None) is None or m.servers}
         self._done = {}
         self._lost = []   # member addresses lost or left failing, in the order seen
         self._why = {}    # address -> how it was lost, e.g. "its fleetrun exited 1"

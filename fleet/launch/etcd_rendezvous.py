@@ -15,8 +15,10 @@ under ``/fleet/jobs/ID/``:
 Ranks: the hosts in order of registration (etcd's create revision of their key), each
 bringing its servers and workers in turn; server i and worker j of the job are the i-th
 and j-th in that order. Hosts are taken while their sum fits the job's totals; the job
-forms when it matches them exactly. A host that registered too late to fit, or arrives
-after the job formed, is refused.
+forms when it matches them exactly (an elastic job, ``--np MIN:MAX``: the servers and at
+least MIN workers). A host that registered too late to fit, or arrives after the job
+formed, is refused, except a host of workers only joining an elastic job: it takes free
+worker slots (``fleet.launch.etcd_slots``).
 
 While the job runs, each host renews its lease every TTL/3 s and watches the job's keys:
 a member whose key disappears without its done/ record (lease expired: host lost or
@@ -141,7 +143,7 @@ def plan_of(members):
                    tuple(e for m in members for e in m.workers))
 
 
-def derive_plan(records, server_num, worker_num):
+def derive_plan(records, server_num, worker_num, min_workers=None):
     """Which registered hosts make the job, in rank order, and whether they complete it.
 
     Hosts are ordered by registration (create revision, then address for equal ones) and
@@ -151,11 +153,13 @@ def derive_plan(records, server_num, worker_num):
     Args:
         records: HostRecord of every registered host, any order.
         server_num: the job's number of servers.
-        worker_num: the job's number of workers.
+        worker_num: the job's number of workers (an elastic job's MAX).
+        min_workers: an elastic job's MIN (``--np MIN:MAX``): complete with MIN..MAX
+            workers; None: exactly worker_num.
 
     Returns:
         (JobPlan of the hosts taken, True if they offer exactly server_num servers and
-        worker_num workers).
+        worker_num workers, or min_workers..worker_num of them).
     """
     taken, servers, workers = [], 0, 0
     for r in sorted(records, key=lambda r: (r.revision, r.addr)):
@@ -163,7 +167,8 @@ def derive_plan(records, server_num, worker_num):
             taken.append(r)
             servers += len(r.servers)
             workers += len(r.workers)
-    return plan_of(taken), (servers, workers) == (server_num, worker_num)
+    low = worker_num if min_workers is None else min_workers
+    return plan_of(taken), servers == server_num and low <= workers <= worker_num
 
 
 def host_endpoints(addr, server_count, worker_count, start_port):
@@ -205,12 +210,20 @@ class Rendezvous:
         ttl: the lease's seconds (PADDLE_ELASTIC_TTL).
         wait_s: how long to wait for the job to form (PADDLE_ELASTIC_TIMEOUT).
         host_source: where me.addr came from, for messages ("--host", "POD_IP", ...).
+        elastic: (MIN, MAX) of an elastic job (``--np``; worker_num is then MAX): it forms
+            with MIN..MAX workers, and a host of workers only may join it while it runs
+            (``fleet.launch.etcd_slots``); None: a fixed job.
+
+    Attributes:
+        late: True once a host joined a job that had formed without it (elastic only).
     """
 
     def __init__(self, client: EtcdClient, job_id: str, me: HostRecord, server_num: int,
                  worker_num: int, ttl: int = DEFAULT_TTL_S, wait_s: float = DEFAULT_TIMEOUT_S,
-                 host_source: str = "--host"):
+                 host_source: str = "--host", elastic=None):
         self.host_source = host_source
+        self.elastic = elastic
+        self.late = False
         self.client = client
         self.job_id = job_id
         self.me = me
@@ -275,11 +288,18 @@ class Rendezvous:
         if not alive:
             self._delete_job_records()
             return
+        if self.elastic is not None and not self.me.servers:
+            return  # a host of workers only joins the running elastic job (etcd_slots)
         names = ", ".join(m.addr for m in plan.members)
+        if self.elastic is not None:
+            raise RendezvousError(
+                f"{self.where} is running already with hosts {names}, and this host ({self.me.describe()}) "
+                f"offers {plural(len(self.me.servers), 'server')}: an elastic job's servers are fixed when it "
+                "forms, only workers may join it; give this host --server_num_per_host 0")
         raise RendezvousError(
             f"{self.where} is running already with hosts {names} ({plural(len(plan.servers), 'server')}, "
             f"{plural(len(plan.workers), 'worker')}), and this host ({self.me.describe()}) "
-            "cannot join a running job (fleet has no elastic joins yet: docs/elastic.md); "
+            "cannot join a running job (only workers may join an elastic one, formed with --np MIN:MAX: docs/elastic.md); "
             "give a new job another --job_id, or wait until this one ends")
 
     def _wait_formed(self, started):
@@ -294,7 +314,8 @@ class Rendezvous:
                 return plan, revision
             kvs, _ = self.client.range(self.prefix + "hosts/", prefix=True)
             records = [HostRecord.from_json(kv.value, kv.create_revision) for kv in kvs]
-            plan, complete = derive_plan(records, self.server_num, self.worker_num)
+            plan, complete = derive_plan(records, self.server_num, self.worker_num,
+                                         None if self.elastic is None else self.elastic[0])
             if complete:
                 self.client.put_if_absent(self.prefix + "formed", plan.to_json())
                 continue  # read back whichever plan won
@@ -318,6 +339,9 @@ class Rendezvous:
 
     def _check_member(self, plan):
         if any(m.addr == self.me.addr for m in plan.members):
+            return
+        if self.elastic is not None and not self.me.servers:
+            self.late = True  # it takes free worker slots (etcd_slots)
             return
         raise RendezvousError(
             f"{self.where} formed without this host ({self.me.describe()}): it has its "
@@ -352,6 +376,8 @@ class Rendezvous:
         self.client.delete(self.prefix + "formed")
         self.client.delete(self.prefix + "done/", prefix=True)
         self.client.delete(self.prefix + "rounds/", prefix=True)
+        self.client.delete(self.prefix + "slots/", prefix=True)
+        self.client.delete(self.prefix + "np")
 
     def _revoke_quietly(self):
         try:

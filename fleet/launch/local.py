@@ -420,7 +420,8 @@ class _Job:
             say(f"started {c.training_script} for local training (no servers); "
                  f"log in {self.children[0].log_path}")
         elif c.multi_host:
-            here = ", ".join(ch.name for ch in self.children)
+            here = (", ".join(ch.name for ch in self.children)
+                    or "no process yet (its workers join in worker slots taken through etcd)")
             zero = ("" if 0 in c.here("worker") else
                     "; worker 0 runs on another host, so its output is not copied here")
             job = (f"a collective job of {plural(len(c.worker_endpoints), 'worker')}" if c.collective else

@@ -158,7 +158,7 @@ def test_hosts_that_register_in_turn_all_read_the_same_ranks(etcd):
         assert str(e.value) == (
             f"job 'job-a' at etcd {etcd.endpoint} is running already with hosts 10.9.9.1, "
             "10.9.9.2, 10.9.9.3 (2 servers, 3 workers), and this host (10.9.9.4 (node4: 1 server, "
-            "1 worker)) cannot join a running job (fleet has no elastic joins yet: "
+            "1 worker)) cannot join a running job (only workers may join an elastic one, formed with --np MIN:MAX: "
             "docs/elastic.md); give a new job another --job_id, or wait until this one ends")
         assert all(r.monitor.poll() is None for r in rdvs)  # the refused host changed nothing
         # host 3 finishes normally: no change; host 2's lease ends unannounced: a change

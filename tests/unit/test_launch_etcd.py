@@ -103,9 +103,20 @@ def _args(*argv):
      "it at least one server or worker"),
     (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--worker_num", "2",
       "--np", "1:2"],
-     "--np with --elastic_server: workers that come and go run in a job on one host today "
-     "(docs/elastic.md), and a job formed through etcd has a fixed set of ranks "
-     "(docs/elastic.md); leave out one of them"),
+     "--worker_num 2 with --np 1:2 and --elastic_server: the job forms with 1..2 workers, as its "
+     "hosts offer them (--worker_num_per_host); leave out --worker_num"),
+    (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--worker_num", "2",
+      "--worker_replacements", "1"],
+     "--worker_replacements 1 is for elastic jobs: give --np MIN:MAX"),
+    (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--np", "2:3",
+      "--worker_num_per_host", "4"],
+     "--worker_num_per_host 4 must be in 0..3 (the job's total)"),
+    (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--np", "2:4", "--max_restarts", "1"],
+     "--max_restarts 1 with --np 2:4 and --elastic_server: worker slots across hosts are not restarted "
+     "(docs/elastic.md); leave out --max_restarts (lost workers and hosts of workers only are tolerated while MIN "
+     "workers live), or give a fixed --worker_num instead of --np to restart the job from its checkpoints"),
+    (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--np", "3:2"],
+     "--np='3:2' is not MIN:MAX with 1 <= MIN <= MAX"),
     (["--elastic_server", "e", "--job_id", "j", "--server_num", "1", "--worker_num", "1"],
      "--elastic_server 'e' is not host:port"),
 ])
