@@ -20,7 +20,7 @@ import numpy as np
 
 from fleet import local_tables, table_saves, telemetry
 from fleet.elastic import ServerReducer, elastic_range
-from fleet.errors import ConfigError, FleetTimeoutError
+from fleet.errors import ConfigError, FleetTimeoutError, ServerLostError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
 from fleet.framework.hooks import set_program_rewriter
@@ -202,7 +202,12 @@ class Fleet:
                          "must call the same fleet.metrics functions in the same order)", what,
                          self.worker_index(), self.worker_num())
                 try:
-                    self._group = group_from_env(self._role_maker)
+                    # A lost server fails the job: the group's waits end with that error (the
+                    # ranks it took down would never answer) instead of at their timeout.
+                    comm = getattr(self._runtime, "comm", None)
+                    self._group = group_from_env(self._role_maker, alive_check=getattr(comm, "check_alive", None))
+                except ServerLostError:
+                    raise  # the job's failure, not the group's
                 except FleetTimeoutError as e:
                     raise FleetTimeoutError(
                         f"{what}: the workers' group for global metrics did not form: {e}. Every worker makes the "

@@ -116,6 +116,11 @@ class WorkerGroup:
         curve: a ``CurveConfig`` (its client key pair is used; see the module docstring) or
             None (CURVE off; ``CurveConfig.from_env()`` reads the job's keys).
         timeout_ms: default time an operation may take (FLEET_RPC_TIMEOUT_MS, 60000).
+        alive_check: None, or a callable that raises the failure that makes waiting for the
+            other ranks pointless (a worker of a parameter-server job passes its servers'
+            heartbeat check: a lost server fails the job, and the ranks it took down will
+            never answer). Called from the waiting thread at every poll (100 ms) of the join
+            and of every operation; what it raises ends the wait.
 
     Attributes:
         rank, size, endpoints: this rank, the number of ranks, every rank's endpoint.
@@ -127,10 +132,15 @@ class WorkerGroup:
             that were given different endpoint lists.
         TransportError: this rank's endpoint cannot be bound.
         FleetTimeoutError: some ranks did not join in time (names them and their endpoints).
+        whatever ``alive_check`` raises, while joining.
     """
 
-    def __init__(self, endpoints, rank, curve=None, timeout_ms=None):
+    def __init__(self, endpoints, rank, curve=None, timeout_ms=None, alive_check=None):
         self.endpoints = _check_endpoints(endpoints)
+        if alive_check is not None and not callable(alive_check):
+            raise ConfigError(f"alive_check={alive_check!r} is not callable; pass a function that raises the "
+                              f"failure that makes waiting pointless (e.g. a Heartbeat's check), or None")
+        self._alive_check = alive_check
         self.size = len(self.endpoints)
         self.rank = _check_rank(rank, self.size)
         self.timeout_ms = _check_timeout(timeout_ms, "timeout_ms") if timeout_ms is not None \
@@ -556,6 +566,8 @@ class WorkerGroup:
                         del self._inbox[call.seq, src]
                     return src, msg
             self._check_peers(call.what, sources)
+            if self._alive_check is not None:
+                self._alive_check()
             now = time.monotonic()
             remaining = call.deadline - now
             if remaining <= 0:
@@ -817,6 +829,8 @@ class WorkerGroup:
                 break
             wait.tick(f"{self.size - 1 - len(missing)} of {self.size - 1} joined; not yet "
                       f"{_ranks_text(missing, self.endpoints)}")
+            if self._alive_check is not None:
+                self._alive_check()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise FleetTimeoutError(self._timeout_text("joining the worker group", missing, timeout_ms,
@@ -913,7 +927,7 @@ class _Operation:
         group._lock.release()
 
 
-def group_from_env(role_maker=None, timeout_ms=None):
+def group_from_env(role_maker=None, timeout_ms=None, alive_check=None):
     """Returns the WorkerGroup of this worker, from a role maker or Paddle's variables.
 
     Args:
@@ -921,6 +935,7 @@ def group_from_env(role_maker=None, timeout_ms=None):
             ``worker_index()``), or None to read PADDLE_TRAINER_ENDPOINTS and
             PADDLE_TRAINER_ID.
         timeout_ms: the group's default operation timeout (FLEET_RPC_TIMEOUT_MS).
+        alive_check: as ``WorkerGroup``'s.
 
     CURVE keys come from the environment (``CurveConfig.from_env()``).
 
@@ -949,7 +964,7 @@ def group_from_env(role_maker=None, timeout_ms=None):
                               f"index in {ENDPOINTS_ENV} (0 to {len(endpoints) - 1})")
         rank = parse_int(RANK_ENV, rank_text, 0, len(endpoints),
                          f"this worker's index in {ENDPOINTS_ENV} (0 to {len(endpoints) - 1})", ConfigError)
-    return WorkerGroup(endpoints, rank, curve=CurveConfig.from_env(), timeout_ms=timeout_ms)
+    return WorkerGroup(endpoints, rank, curve=CurveConfig.from_env(), timeout_ms=timeout_ms, alive_check=alive_check)
 
 
 # ---------------------------------------------------------------------- helpers

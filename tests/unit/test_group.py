@@ -420,6 +420,33 @@ def test_a_rank_that_never_starts_is_named_at_construction(endpoints, monkeypatc
         ranks.close()
 
 
+def test_alive_check_ends_the_join_and_an_operation_with_its_error_before_the_timeout(group_of, endpoints,
+                                                                                     monkeypatch):
+    """A worker whose servers are lost stops waiting for ranks that will never answer."""
+    from fleet.errors import ServerLostError
+
+    lost = threading.Event()
+
+    def servers_alive():
+        if lost.is_set():
+            raise ServerLostError("10.0.0.2:6170", "server 10.0.0.2:6170 stopped answering heartbeats")
+
+    monkeypatch.setenv("FLEET_CONNECT_TIMEOUT_MS", "60000")
+    eps = endpoints(2)
+    lost.set()
+    error = _try_group(eps, 0, alive_check=servers_alive)  # rank 1 never starts: not a 60 s FleetTimeoutError
+    assert isinstance(error, ServerLostError) and "10.0.0.2:6170 stopped answering" in str(error)
+    lost.clear()
+    ranks = group_of(2)
+    for rank in (0, 1):
+        ranks.groups[rank]._alive_check = servers_alive
+    lost.set()
+    results = ranks.call(lambda rank, *_: ranks.groups[rank].barrier(timeout_ms=60000) if rank == 0 else None)
+    assert isinstance(results[0], ServerLostError), results[0]
+    with pytest.raises(ConfigError, match=r"alive_check=3 is not callable"):
+        WorkerGroup(eps, 0, alive_check=3)
+
+
 def test_an_operation_that_a_rank_never_joins_times_out_naming_it_and_logs_the_wait(group_of, monkeypatch, caplog):
     monkeypatch.setenv("FLEET_WAIT_LOG_MS", "100")
     ranks = group_of(3)

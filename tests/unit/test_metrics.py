@@ -332,8 +332,8 @@ class RecordingGroup:
 
     made = []
 
-    def __init__(self, role_maker):
-        self.role_maker, self.closed = role_maker, 0
+    def __init__(self, role_maker, alive_check=None):
+        self.role_maker, self.closed, self.alive_check = role_maker, 0, alive_check
         self.rank, self.size = role_maker.worker_index(), role_maker.worker_num()
         RecordingGroup.made.append(self)
 
@@ -363,6 +363,22 @@ def test_a_parameter_server_worker_makes_the_group_once_and_stop_worker_closes_i
     assert len(RecordingGroup.made) == 2
     fleet.init(rm)                                                        # a new job closes the old group
     assert RecordingGroup.made[1].closed == 1
+
+
+def test_the_metrics_group_of_a_parameter_server_worker_waits_only_while_its_servers_live(monkeypatch):
+    """The group's waits check the communicator's liveness: a lost server ends them with its error."""
+    import types
+
+    import fleet.transport.group as group_module
+
+    RecordingGroup.made.clear()
+    monkeypatch.setattr(group_module, "group_from_env", RecordingGroup)
+    fleet.init(UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=2,
+                                    server_endpoints=["127.0.0.1:6170"]))
+    comm = types.SimpleNamespace(check_alive=lambda: None)
+    monkeypatch.setattr(fleet.base.fleet, "_runtime", types.SimpleNamespace(comm=comm))
+    metrics.sum(np.array([1.0]))
+    assert RecordingGroup.made[-1].alive_check is comm.check_alive
 
 
 def test_a_runtime_with_a_worker_group_lends_it_to_the_metrics(monkeypatch):
@@ -465,7 +481,7 @@ def test_over_real_worker_groups_a_worker_that_stopped_is_named_by_the_others(fr
 def test_a_group_that_does_not_form_is_reported_as_the_metric_call_that_waited(monkeypatch):
     import fleet.transport.group as group_module
 
-    def missing_worker(role_maker):
+    def missing_worker(role_maker, alive_check=None):
         raise FleetTimeoutError("rank 2 (127.0.0.1:7003) did not answer rank 0 in joining within 60000 ms")
 
     monkeypatch.setattr(group_module, "group_from_env", missing_worker)
