@@ -66,6 +66,7 @@ class HostEntry:
         return f"{self.user}@{self.host}" if self.user else self.host
 
     def ssh_options(self) -> list[str]:
+        """ssh's options for this host: ``-p PORT`` when a port was given."""
         return ["-p", str(self.port)] if self.port else []
 
     def __str__(self):
@@ -223,6 +224,19 @@ class HostsConfig:
         if os.path.isabs(self.training_script):
             raise ConfigError(f"training script {self.training_script!r} is absolute; give "
                               "its path relative to the workspace")
+        self._check_counts()
+        for item in self.env:
+            name, sep, _ = item.partition("=")
+            if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ConfigError(f"--env {item!r}: write NAME=VALUE")
+        if self.nic is not None and not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", self.nic):
+            raise ConfigError(f"--nic {self.nic!r} is not an interface name (such as eth0)")
+        if self.ssh_config is not None and not os.path.isfile(self.ssh_config):
+            raise ConfigError(f"--ssh_config {self.ssh_config!r} is not a file; give an "
+                              "ssh_config file (as for ssh -F)")
+
+    def _check_counts(self):
+        """Checks the process counts (per host and the hostfile's) and the ports they take."""
         if self.server_num_per_host < 0 or self.worker_num_per_host < 0:
             raise ConfigError(f"--server_num_per_host {self.server_num_per_host} / "
                               f"--worker_num_per_host {self.worker_num_per_host}: give counts "
@@ -251,15 +265,6 @@ class HostsConfig:
         if not 1 <= self.start_port <= 65536 - count:
             raise ConfigError(f"--start_port {self.start_port} leaves no room for {count} "
                               f"consecutive ports; give a port in 1..{65536 - count}")
-        for item in self.env:
-            name, sep, _ = item.partition("=")
-            if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ConfigError(f"--env {item!r}: write NAME=VALUE")
-        if self.nic is not None and not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", self.nic):
-            raise ConfigError(f"--nic {self.nic!r} is not an interface name (such as eth0)")
-        if self.ssh_config is not None and not os.path.isfile(self.ssh_config):
-            raise ConfigError(f"--ssh_config {self.ssh_config!r} is not a file; give an "
-                              "ssh_config file (as for ssh -F)")
 
     def counts(self, index):
         """(servers, workers) host ``index`` runs: its hostfile line's, else the per-host options."""

@@ -19,12 +19,17 @@ _SSH_BASE = ("-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}")
 
 
 class Ssh:
-    """How the dispatcher runs ssh, scp and rsync to the hosts (the system's OpenSSH)."""
+    """How the dispatcher runs ssh, scp and rsync to the hosts (the system's OpenSSH).
+
+    Its methods only build argv lists (BatchMode, so never a password prompt; a connect
+    timeout of CONNECT_TIMEOUT s); they do not block and are thread-safe.
+    """
 
     def __init__(self, config_file=None):
         self.config_file = config_file
 
     def base(self, host, extra=()):
+        """argv of ssh to host without the remote command (extra: more ssh options)."""
         argv = ["ssh"]
         if self.config_file:
             argv += ["-F", self.config_file]
@@ -39,6 +44,7 @@ class Ssh:
         return shlex.join(self.base(host))
 
     def scp(self, host, sources, dest, recursive=True):
+        """argv of scp copying sources to dest (either side may be a remote_spec of host)."""
         argv = ["scp", "-q", "-p"] + (["-r"] if recursive else [])
         if self.config_file:
             argv += ["-F", self.config_file]
@@ -49,6 +55,7 @@ class Ssh:
 
     @staticmethod
     def remote_spec(host, path):
+        """``[user@]host:path`` as scp and rsync take it (an IPv6 host in brackets)."""
         user = f"{host.user}@" if host.user else ""
         h = f"[{host.host}]" if ":" in host.host else host.host
         return f"{user}{h}:{path}"
@@ -56,7 +63,10 @@ class Ssh:
 
 def run_bounded(argv, timeout, stdin=subprocess.DEVNULL, input_=None):
     """Run argv with captured text output; (returncode, stdout, stderr), returncode None on
-    timeout (the process group was killed)."""
+    timeout (the process group was killed).
+
+    Blocks at most timeout seconds (then until the killed group's output ends); thread-safe.
+    """
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input_ is not None else stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
