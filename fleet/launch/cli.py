@@ -20,6 +20,8 @@ from fleet.launch import hosts as hosts_module
 from fleet.launch.elastic import request_add_workers
 from fleet.launch.etcd_rounds import Regroup
 from fleet.launch.local import launch
+from fleet.launch.hostfile import DEFAULT_REMOTE_DIR, parse_hosts
+from fleet.launch.preflight import PREFLIGHT_SECONDS
 from fleet.launch.report import plural, say
 from fleet.launch.this_host import interface_addresses, place
 from fleet.transport.curve import CurveConfig, generate_keys
@@ -263,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one job on many hosts over ssh, from any machine (--hosts)",
         textwrap.fill(
         "fleetrun --hosts checks every host over ssh (python, fleet, the workspace; at most "
-        f"{hosts_module.PREFLIGHT_SECONDS:g} s, nothing starts unless every host passes), copies "
+        f"{PREFLIGHT_SECONDS:g} s, nothing starts unless every host passes), copies "
         "the workspace, runs the per-host fleetrun on each host with --stop_on_stdin_eof, "
         "streams worker 0's output, prefixes each host's messages with [host], ends every "
         "process on every host when one fails or on Ctrl-C, and fetches each host's logs into "
@@ -289,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("--workspace", metavar="DIR",
                      help="a directory already on every host (shared filesystem, earlier copy) "
                           "to run in; the script path is relative to it")
-    ssh.add_argument("--remote_dir", default=hosts_module.DEFAULT_REMOTE_DIR, metavar="PATH",
+    ssh.add_argument("--remote_dir", default=DEFAULT_REMOTE_DIR, metavar="PATH",
                      help="where --dispatch copies to on each host; {name} is DIR's base name, "
                           "{host} the host's name, ~ the remote home (default: "
                           "~/fleet_jobs/{name})")
@@ -544,7 +546,7 @@ def hosts_config_from_args(args: argparse.Namespace) -> hosts_module.HostsConfig
         raise ConfigError("no training script: give its path relative to the workspace "
                           "(fleetrun --hosts ... train.py [args])")
     return hosts_module.HostsConfig(
-        hosts=hosts_module.parse_hosts(args.hosts), training_script=args.training_script,
+        hosts=parse_hosts(args.hosts), training_script=args.training_script,
         script_args=tuple(args.training_script_args),
         server_num_per_host=(0 if args.collective else 1) if args.server_num_per_host is None
         else args.server_num_per_host, collective=args.collective,

@@ -47,7 +47,7 @@ def first_shares(names, counts):
         counts: (servers, workers) per host, in the same order.
 
     Returns:
-        dict name -> Share (the order of `fleet.launch.hosts.plan_endpoints`' endpoints).
+        dict name -> Share (the order of `fleet.launch.hostfile.plan_endpoints`' endpoints).
     """
     shares, s, w = {}, 0, 0
     for name, (servers, workers) in zip(names, counts):

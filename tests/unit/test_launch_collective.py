@@ -58,15 +58,17 @@ def test_a_collective_job_across_hosts_runs_the_per_host_fleetrun_collective_on_
     import shlex
 
     import fleet.launch.hosts as H
+    from fleet.launch.hostfile import plan_endpoints
+    from fleet.launch.remote import Remote
     from fleet.launch import this_host
 
     config = _hosts("--hosts", "a,b", "--worker_num_per_host", "2", "--insecure")
     assert config.collective and config.counts(0) == (0, 2) and config.counts(1) == (0, 2)
     job = H._HostsJob(config, signals=None)
     job.addresses = ["10.0.0.1", "10.0.0.2"]
-    job.servers, job.workers = H.plan_endpoints(job.addresses, 0, 2, config.start_port)
+    job.servers, job.workers = plan_endpoints(job.addresses, 0, 2, config.start_port)
     assert job.workers == ["10.0.0.1:6170", "10.0.0.1:6171", "10.0.0.2:6170", "10.0.0.2:6171"]
-    remote = H._Remote(config.hosts[1], 1, {"workspace": "/w"}, "10.0.0.2", "log/b")
+    remote = Remote(config.hosts[1], 1, {"workspace": "/w"}, "10.0.0.2", "log/b")
     command = job._remote_command(remote)
     assert "--servers" not in command
     assert (" -m fleet.launch --collective --workers 10.0.0.1:6170,10.0.0.1:6171,10.0.0.2:6170,10.0.0.2:6171 "

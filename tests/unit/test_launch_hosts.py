@@ -5,13 +5,17 @@ import pytest
 from fleet.errors import ConfigError
 from fleet.launch import build_parser
 from fleet.launch import hosts as H
+from fleet.launch.hostfile import (HostEntry, HostsConfig, forwarded_environment, parse_host_entry,
+                                   parse_hosts, plan_endpoints)
 from fleet.launch.cli import hosts_config_from_args
 from fleet.launch.hosts_heal import first_shares, indexes_text
+from fleet.launch.preflight import classify_ssh_failure
+from fleet.launch.remote import Remote
 from fleet.launch.replacement import Share
 
 
 def test_host_entries_take_user_host_and_port():
-    entries = H.parse_hosts("node1,root@10.0.0.2,node3:2222,me@[fe80::1]:22")
+    entries = parse_hosts("node1,root@10.0.0.2,node3:2222,me@[fe80::1]:22")
     assert [(e.user, e.host, e.port) for e in entries] == [
         (None, "node1", None), ("root", "10.0.0.2", None), (None, "node3", 2222),
         ("me", "fe80::1", 22)]
@@ -22,7 +26,7 @@ def test_host_entries_take_user_host_and_port():
 def test_hostfile_skips_comments_and_blank_lines(tmp_path):
     f = tmp_path / "hosts"
     f.write_text("# the cluster\nnode1\n\n  root@node2:2200   # second\n")
-    assert [str(e) for e in H.parse_hosts(str(f))] == ["node1", "root@node2:2200"]
+    assert [str(e) for e in parse_hosts(str(f))] == ["node1", "root@node2:2200"]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -36,21 +40,21 @@ def test_hostfile_errors_name_the_line(tmp_path, text, message):
     f = tmp_path / "hosts"
     f.write_text(text)
     with pytest.raises(ConfigError) as e:
-        H.parse_hosts(str(f))
+        parse_hosts(str(f))
     assert str(e.value).startswith(message.format(f=f))
 
 
 def test_host_list_errors_name_the_entry():
     with pytest.raises(ConfigError, match=r"^--hosts 'a,,b': entry 2 is empty"):
-        H.parse_hosts("a,,b")
+        parse_hosts("a,,b")
     with pytest.raises(ConfigError, match=r"^--hosts entry 2: 'b@@c' is not a host"):
-        H.parse_hosts("a,b@@c")
+        parse_hosts("a,b@@c")
     with pytest.raises(ConfigError, match=r"^--hosts entry 3: host a is already given at --hosts entry 1"):
-        H.parse_hosts("a,b,x@a")
+        parse_hosts("a,b,x@a")
 
 
 def test_each_host_gets_its_servers_then_its_workers_from_start_port():
-    servers, workers = H.plan_endpoints(["10.0.0.1", "10.0.0.2", "fe80::2"], 2, 1, 6170)
+    servers, workers = plan_endpoints(["10.0.0.1", "10.0.0.2", "fe80::2"], 2, 1, 6170)
     assert servers == ["10.0.0.1:6170", "10.0.0.1:6171", "10.0.0.2:6170", "10.0.0.2:6171",
                        "[fe80::2]:6170", "[fe80::2]:6171"]
     assert workers == ["10.0.0.1:6172", "10.0.0.2:6172", "[fe80::2]:6172"]
@@ -60,16 +64,16 @@ def test_hostfile_lines_may_give_their_own_process_counts(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# servers on the big-memory nodes\nnode1 servers=1\nroot@node2:2222 servers=1\n"
                         "node3 servers=0 workers=2\n")
-    hosts = H.parse_hosts(str(hostfile))
+    hosts = parse_hosts(str(hostfile))
     assert [(h.host, h.servers, h.workers) for h in hosts] == [
         ("node1", 1, None), ("node2", 1, None), ("node3", 0, 2)]
     job = tmp_path / "job"
     job.mkdir()
     (job / "train.py").write_text("")
-    config = H.HostsConfig(hosts=hosts, training_script="train.py", dispatch=str(job),
+    config = HostsConfig(hosts=hosts, training_script="train.py", dispatch=str(job),
                            server_num_per_host=0, worker_num_per_host=1)
     assert [config.counts(i) for i in range(3)] == [(1, 1), (1, 1), (0, 2)]
-    servers, workers = H.plan_endpoints(["10.0.0.1", "10.0.0.2", "10.0.0.3"], [1, 1, 0], [1, 1, 2], 6170)
+    servers, workers = plan_endpoints(["10.0.0.1", "10.0.0.2", "10.0.0.3"], [1, 1, 0], [1, 1, 2], 6170)
     assert servers == ["10.0.0.1:6170", "10.0.0.2:6170"]
     assert workers == ["10.0.0.1:6171", "10.0.0.2:6171", "10.0.0.3:6170", "10.0.0.3:6171"]
     assert first_shares(["a", "b", "c"], [(1, 1), (1, 1), (0, 2)]) == {
@@ -77,11 +81,11 @@ def test_hostfile_lines_may_give_their_own_process_counts(tmp_path):
     assert [indexes_text(x) for x in ((), (2, 3), (1,), (0, 2, 5, 6))] == ["none", "2-3", "1", "0,2,5-6"]
     hostfile.write_text("node1 slots=2\n")
     with pytest.raises(ConfigError) as info:
-        H.parse_hosts(str(hostfile))
+        parse_hosts(str(hostfile))
     assert str(info.value) == (f"hostfile {hostfile} line 1: 'slots=2' after the host is not servers=N or "
                                "workers=N (each at most once, N >= 0); write e.g. 'node1 servers=2 workers=0'")
     with pytest.raises(ConfigError, match="a --hosts job needs servers and workers"):
-        H.HostsConfig(hosts=[H.HostEntry("a", servers=0), H.HostEntry("b", servers=0)],
+        HostsConfig(hosts=[HostEntry("a", servers=0), HostEntry("b", servers=0)],
                       training_script="train.py", dispatch=str(job))
 
 
@@ -90,7 +94,7 @@ def test_the_forwarded_environment():
            "CPU_NUM": "2", "OMP_NUM_THREADS": "1", "NUMBA_CACHE_DIR": "/c", "HOME": "/root",
            "FLEET_CURVE_KEYS_DIR": "/mine", "FLEET_JOB_ID": "old", "PYTHONSTARTUP": "x.py",
            "PATH": "/bin"}
-    assert H.forwarded_environment(env, ["PYTHONPATH=", "EXTRA=a=b"]) == {
+    assert forwarded_environment(env, ["PYTHONPATH=", "EXTRA=a=b"]) == {
         "CPU_NUM": "2", "FLAGS_rpc_deadline": "9", "FLEET_WAIT_LOG_MS": "100",
         "NUMBA_CACHE_DIR": "/c", "OMP_NUM_THREADS": "1", "PYTHONPATH": "", "EXTRA": "a=b"}
 
@@ -151,16 +155,16 @@ def test_hosts_options_without_hosts_are_usage_errors():
     (None, "", "host n1: no answer within 10 s"),
 ])
 def test_ssh_failures_are_classified_per_host(code, stderr, message):
-    host = H.parse_host_entry("n1", "--hosts entry 1")
-    assert H.classify_ssh_failure(host, code, stderr, "/opt/py").startswith(message)
+    host = parse_host_entry("n1", "--hosts entry 1")
+    assert classify_ssh_failure(host, code, stderr, "/opt/py").startswith(message)
 
 
 def test_the_root_cause_is_the_earliest_failure_over_the_hosts(tmp_path):
-    config = H.HostsConfig(hosts=H.parse_hosts("a,b,c"), training_script="t.py", workspace="/w",
+    config = HostsConfig(hosts=parse_hosts("a,b,c"), training_script="t.py", workspace="/w",
                            log_dir="log")
     job = H._HostsJob(config, signals=None)
     for i, h in enumerate(config.hosts):
-        r = H._Remote(h, i, {"workspace": "/w"}, f"10.0.0.{i + 1}", f"log/{h.name}")
+        r = Remote(h, i, {"workspace": "/w"}, f"10.0.0.{i + 1}", f"log/{h.name}")
         job.remotes.append(r)
     a, b, c = job.remotes
     a.result = {"cause": {"role": "server", "index": 0, "pid": 7, "exit_code": 1, "log":
@@ -181,10 +185,10 @@ def test_the_root_cause_is_the_earliest_failure_over_the_hosts(tmp_path):
 
 
 def test_a_restart_of_a_hosts_job_names_the_failed_process_and_its_host(tmp_path):
-    config = H.HostsConfig(hosts=H.parse_hosts("a,b"), training_script="t.py", workspace="/w",
+    config = HostsConfig(hosts=parse_hosts("a,b"), training_script="t.py", workspace="/w",
                            log_dir=str(tmp_path), max_restarts=2)
     job = H._HostsJob(config, signals=None)
-    job.remotes = [H._Remote(h, i, {"workspace": "/w"}, f"10.0.0.{i + 1}", str(tmp_path / h.name))
+    job.remotes = [Remote(h, i, {"workspace": "/w"}, f"10.0.0.{i + 1}", str(tmp_path / h.name))
                    for i, h in enumerate(config.hosts)]
     job.servers, job.workers, job.addresses = ["10.0.0.1:6170"], ["10.0.0.1:6171", "10.0.0.2:6171"], \
         ["10.0.0.1", "10.0.0.2"]
@@ -204,4 +208,4 @@ def test_a_restart_of_a_hosts_job_names_the_failed_process_and_its_host(tmp_path
     assert (tmp_path / "attempt-0" / "a" / ".restart" / "checkpoint_dir.1.0").is_file()
     assert sorted(os.listdir(tmp_path / "a")) == []
     with pytest.raises(ConfigError, match=r"--max_restarts -1 must be a whole number >= 0"):
-        H.HostsConfig(hosts=H.parse_hosts("a"), training_script="t.py", workspace="/w", max_restarts=-1)
+        HostsConfig(hosts=parse_hosts("a"), training_script="t.py", workspace="/w", max_restarts=-1)

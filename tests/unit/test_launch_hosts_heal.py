@@ -6,8 +6,12 @@ import pytest
 
 from fleet.errors import ConfigError
 from fleet.launch import hosts as H
+from fleet.launch import sweep
+from fleet.launch.hostfile import HostsConfig, parse_hosts, plan_endpoints
 from fleet.launch.config import EXIT_OK, EXIT_PROCESS_FAILED
 from fleet.launch.hosts_heal import JobLayout, describe_moves, drop_hosts, first_shares
+from fleet.launch.preflight import Preflight
+from fleet.launch.remote import Remote
 from fleet.launch.replacement import Move, Share
 from fleet.launch.restart import Failure
 
@@ -17,7 +21,7 @@ ADDRS = {"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3"}
 def _layout():
     """h1 and h2: a server and a worker each; h3: a worker (the cluster test's job)."""
     counts = [(1, 1), (1, 1), (0, 1)]
-    servers, workers = H.plan_endpoints(list(ADDRS.values()), [s for s, _ in counts],
+    servers, workers = plan_endpoints(list(ADDRS.values()), [s for s, _ in counts],
                                         [w for _, w in counts], 6170)
     return JobLayout(first_shares(list(ADDRS), counts), tuple(servers), tuple(workers))
 
@@ -71,12 +75,12 @@ class _FakeJob:
     hosts in ``unreachable``, later attempts succeed."""
 
     def __init__(self, tmp_path, monkeypatch, unreachable, max_restarts=2):
-        self.config = H.HostsConfig(hosts=H.parse_hosts("a,b,c"), training_script="t.py", workspace="/w",
+        self.config = HostsConfig(hosts=parse_hosts("a,b,c"), training_script="t.py", workspace="/w",
                                     log_dir=str(tmp_path / "log"), max_restarts=max_restarts,
                                     insecure=True)
         job = self.job = H._HostsJob(self.config, signals=type("S", (), {"received": 0})())
         job.addresses = list(ADDRS.values())
-        job.remotes = [H._Remote(h, i, {"workspace": "/w"}, ADDRS[h.name], str(tmp_path / "log" / h.name))
+        job.remotes = [Remote(h, i, {"workspace": "/w"}, ADDRS[h.name], str(tmp_path / "log" / h.name))
                        for i, h in enumerate(self.config.hosts)]
         for r in job.remotes:
             os.makedirs(r.log_dir)
@@ -90,7 +94,7 @@ class _FakeJob:
 
         def fake_preflight(config, ssh, hosts):
             self.checked.append([h.name for h in hosts])
-            return [H.Preflight(h, f"host {h.name}: unreachable (ssh: connect to host {h.name} port 22: "
+            return [Preflight(h, f"host {h.name}: unreachable (ssh: connect to host {h.name} port 22: "
                                    "Connection timed out)" if h.name in unreachable else None) for h in hosts]
 
         monkeypatch.setattr(job, "_start_and_watch", start_and_watch)
@@ -170,10 +174,10 @@ def test_np_with_hosts_is_refused_naming_the_elastic_server_way():
 
 
 def test_a_host_the_sweep_cannot_reach_is_not_waited_for_again_to_fetch_its_logs_or_for_the_preflight(tmp_path, monkeypatch, capsys):
-    config = H.HostsConfig(hosts=H.parse_hosts("a,b"), training_script="t.py", workspace="/w",
+    config = HostsConfig(hosts=parse_hosts("a,b"), training_script="t.py", workspace="/w",
                            log_dir=str(tmp_path))
     job = H._HostsJob(config, signals=None)
-    job.remotes = [H._Remote(h, i, {"workspace": "/w", "rsync": True}, None, str(tmp_path / h.name))
+    job.remotes = [Remote(h, i, {"workspace": "/w", "rsync": True}, None, str(tmp_path / h.name))
                    for i, h in enumerate(config.hosts)]
     for r in job.remotes:
         r.proc = object()
@@ -185,11 +189,11 @@ def test_a_host_the_sweep_cannot_reach_is_not_waited_for_again_to_fetch_its_logs
             return 255, "", "ssh: connect to host b port 22: Connection timed out"
         return 0, "", ""
 
-    monkeypatch.setattr(H, "run_bounded", run_bounded)
-    job._sweep()
+    monkeypatch.setattr(sweep, "run_bounded", run_bounded)
+    sweep.sweep_hosts(job.remotes, job.ssh, config.python, job.job_id)
     assert [r.unreachable for r in job.remotes] == [None, (255, "ssh: connect to host b port 22: Connection timed out")]
     calls.clear()
-    job._fetch_logs()
+    sweep.fetch_logs(job.remotes, job.ssh)
     assert len(calls) == 1 and calls[0][0] == "rsync" and calls[0][-2] == "a:/w/log/a/"
     err = capsys.readouterr().err
     assert ("fleetrun: host b: its logs were not fetched (unreachable a moment ago); they stay in /w/log/b there"
@@ -197,7 +201,7 @@ def test_a_host_the_sweep_cannot_reach_is_not_waited_for_again_to_fetch_its_logs
     # the restart preflight asks only the hosts the sweep reached; b fails it with the sweep's answer
     asked = []
     monkeypatch.setattr(H, "preflight", lambda config, ssh, hosts: asked.extend(h.name for h in hosts) or
-                        [H.Preflight(h) for h in hosts])
+                        [Preflight(h) for h in hosts])
     lost = job._preflight_again(0)
     assert asked == ["a"]
     assert [(r.name, p.problem) for r, p in lost] == [
