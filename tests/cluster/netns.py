@@ -407,6 +407,17 @@ class Cluster:
                 found[ns] = rows
         return found
 
+    def leftovers_after(self, seconds=10.0) -> dict[str, list[str]]:
+        """``leftovers()`` once none are left, or after ``seconds``: processes whose parent
+        was just killed die by their parent-death signal, which takes a moment on a busy
+        machine."""
+        deadline = time.monotonic() + seconds
+        while True:
+            found = self.leftovers()
+            if not found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.1)
+
     # -- ssh ---------------------------------------------------------------------------
     def _make_ssh(self):
         d = self.tmpdir
