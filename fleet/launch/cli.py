@@ -750,7 +750,7 @@ def _run_elastic_host(args, rendezvous, plan):
                               local_servers=servers, local_workers=workers, bind_any=bind_any,
                               bind_any_workers=bind_any_workers, host=me.addr, keys_dir=_keys_dir(args, True),
                               elastic=rendezvous.elastic, worker_replacements=args.worker_replacements)
-        if args.max_restarts and not rendezvous.late:
+        if args.max_restarts:
             # A failure that ends the job starts a round: servers moved, slots re-made
             # (fleet.launch.etcd_slot_rounds); this host's worker endpoints stay the same.
             off = bool(bind_any or bind_any_workers)
@@ -760,11 +760,10 @@ def _run_elastic_host(args, rendezvous, plan):
                 return dataclasses.replace(config, server_endpoints=round_plan.servers, local_servers=local,
                                            local_workers=slots, bind_any=local if off else (),
                                            bind_any_workers=slots if off else ())
-            registry = SlotRegroup(rendezvous, plan, config_for, registry, len(me.workers))
+            registry = SlotRegroup(rendezvous, plan, config_for, registry, len(me.workers), config)
             code = launch(registry.config, monitor=registry.monitor, regroup=registry)
-        else:  # a host that joined late has no place in the rounds: it ends at one
-            code = launch(dataclasses.replace(config, max_restarts=0),
-                          monitor=slots_module.ElasticMonitor(rendezvous.monitor, registry))
+        else:
+            code = launch(config, monitor=slots_module.ElasticMonitor(rendezvous.monitor, registry))
         down = rendezvous.monitor.etcd_down()
     finally:
         getattr(registry, "registry", registry).stop()

@@ -11,8 +11,9 @@ than MIN worker slots live. With it, each of those starts a *round*, as
    host registers ready for it (``rounds/R/ready/ADDR``: they poll the slots and that key
    every half second), or by the change itself;
 2. each registers ready with free ports, the slots it ran in round r and its
-   --worker_num_per_host, and waits for the other survivors (members of round r whose
-   lease lives and that left no ``done/`` record);
+   --worker_num_per_host, and waits for the other survivors: every host of the job whose
+   lease lives and that left no ``done/`` record, members of round r first, then the
+   hosts that joined the running job later (they become members of the new round);
 3. the plan of round r+1 is written once, by a transaction that also deletes every key
    under ``slots/``: the lost hosts' servers move by `fleet.launch.replacement.reassign`
    (a moved server takes its new host's next offered port) and the slots are re-made
@@ -25,9 +26,7 @@ than MIN worker slots live. With it, each of those starts a *round*, as
 A host of workers only whose every worker was lost, with no change of the job seen
 within the lease's TTL plus the restart's settle time, leaves as without --max_restarts:
 no restart, its slots free, the job goes on while MIN slots live. A host whose own lease
-expired ends the job as without restarts. A host that joined the running job late (not
-a member of the round's plan) ends at a round; started again, it takes free slots of the
-new round.
+expired ends the job as without restarts.
 
 Thread-safety: a :class:`SlotRegroup` is driven by the thread that runs the job.
 """
@@ -146,13 +145,15 @@ class SlotRegroup(Regroup):
 
     remakes_slots = True
 
-    def __init__(self, rendezvous, plan, config_for, registry, want):
+    def __init__(self, rendezvous, plan, config_for, registry, want, config=None):
         self.registry = registry
         self.want = want
         self.assigned = plan_slots(plan)
         self.registry.round = 0
-        self._config_for_slots = config_for
+        self._joined = {}  # address -> HostRecord of the survivors not in the current plan
         super().__init__(rendezvous, plan, lambda p: config_for(p, self.my_slots()))
+        if config is not None:  # round 0's, as fleetrun made it (a late host: no plan slots)
+            self.config = config
 
     @property
     def monitor(self):
@@ -160,8 +161,23 @@ class SlotRegroup(Regroup):
         return ElasticMonitor(self.rdv.monitor, self.registry)
 
     def my_slots(self):
-        """This host's slots of the current round, ascending."""
-        return tuple(j for j, a in sorted(self.assigned.items()) if a == self.rdv.me.addr)
+        """This host's slots of the current round (with those it took joining), ascending."""
+        mine = {j for j, a in self.assigned.items() if a == self.rdv.me.addr}
+        return tuple(sorted(mine | set(self.registry.join_slots)))
+
+    def _survivors(self):
+        """Every host of the job whose lease lives and that left no done/ record: the
+        round's members in their order, then hosts that joined later by registration."""
+        rdv = self.rdv
+        hosts, _ = rdv.client.range(rdv.prefix + "hosts/", prefix=True)
+        done, _ = rdv.client.range(rdv.prefix + "done/", prefix=True)
+        gone = {kv.key[len(rdv.prefix + "done/"):] for kv in done}
+        live = {r.addr: r for r in (HostRecord.from_json(kv.value, kv.create_revision) for kv in hosts)
+                if r.addr not in gone}
+        members = [m.addr for m in self.plan.members if m.addr in live]
+        self._joined = {a: r for a, r in sorted(live.items(), key=lambda i: (i[1].revision, i[0]))
+                        if a not in members and not any(m.addr == a for m in self.plan.members)}
+        return members + list(self._joined)
 
     def describe_plan(self):
         """The current round's servers and slots by host."""
@@ -182,7 +198,9 @@ class SlotRegroup(Regroup):
                 "slots": list(self.my_slots()), "want": self.want}
 
     def _form(self, ready, lost):
-        plan, moves, assigned = slot_plan(self.plan, self.assigned, ready, lost, self.registry.low,
+        joined = tuple(HostRecord(r.addr, (), (), r.hostname, r.revision) for r in self._joined.values())
+        current = JobPlan(self.plan.members + joined, self.plan.servers, self.plan.workers)
+        plan, moves, assigned = slot_plan(current, self.assigned, ready, lost, self.registry.low,
                                           self.registry.high)
         return json.dumps({"members": [json.loads(m.to_json()) | {"revision": m.revision} for m in plan.members],
                            "servers": list(plan.servers), "moves": [m.describe() for m in moves],
