@@ -1,0 +1,124 @@
+"""An elastic CTR-DNN job across three namespace hosts that meet through etcd, with restarts
+(`fleetrun --np 2:3 --elastic_server ETCD --max_restarts 1`, async, checkpoints in one
+directory every namespace sees): h1 runs worker slot 0, h2 server 0 and slot 1 (the job
+forms with those two, MIN), h3 joins the running job in slot 2. After a checkpoint h2 is
+lost (link down, every process of the job there SIGKILLed). h1 and h3 start round 1:
+server 0 moves to h1, each keeps its slot id, the server loads the newest checkpoint and
+restores the work units it acknowledged, and the job finishes on both with exit 0: every
+work unit of the resumed epoch acknowledged once (restored + trained), every later epoch
+whole, the test AUC within 0.01 of the same job undisturbed on one host. The time from
+the loss to training again is printed, not asserted."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cluster import ctr
+from tests.cluster.test_etcd_hosts import _etcd_in
+from tests.cluster.test_np_etcd_hosts import _queue_figures
+from tests.cluster.test_restart_hosts import FAST_LIVENESS, SMALL, _evaluate
+
+pytestmark = pytest.mark.slow
+
+SHARES = {"h1": (0, 1), "h2": (1, 1), "h3": (0, 1)}
+EPOCHS = 2
+ENV = dict(PADDLE_ELASTIC_TTL="3", FLEET_ELASTIC_UNIT_BYTES=str(128 << 10), **FAST_LIVENESS)
+
+
+def _train_args(data, model):
+    return [*ctr.train_args(data, model, "async", epochs=EPOCHS), *SMALL]
+
+
+def _fleetrun(host, tmp_path, etcd, data, model, ckpt, keys):
+    work = tmp_path / host.name
+    work.mkdir()
+    servers, workers = SHARES[host.name]
+    argv = [sys.executable, "-m", "fleet.launch", "--elastic_server", etcd.endpoint, "--job_id", "np-round",
+            "--server_num", 1, "--np", "2:3", "--server_num_per_host", servers, "--worker_num_per_host", workers,
+            "--keys_dir", keys, "--log_dir", work / "log", "--timeout", 400, "--max_restarts", 1,
+            *_train_args(data, model), "--checkpoint_dir", ckpt, "--checkpoint_steps", 20]
+    with open(work / "stderr", "w") as err:
+        proc = host.popen(argv, cwd=work, env=ctr.clean_env(**ENV), stdout=subprocess.DEVNULL, stderr=err)
+    return proc, work
+
+
+def _batches(path):
+    try:
+        return len(re.findall(r"batch \d+,", path.read_text()))
+    except FileNotFoundError:
+        return 0
+
+
+def _wait(condition, seconds, what, started):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {seconds} s"
+        for name, (proc, work) in started.items():
+            assert proc.poll() is None, f"{name}'s fleetrun ended early:\n{(work / 'stderr').read_text()[-3000:]}"
+        time.sleep(0.1)
+
+
+def test_np_2_3_a_lost_server_host_re_forms_the_job_on_the_others_from_its_checkpoint(
+        cluster_factory, tmp_path, ctr_data, ctr_keys):
+    cluster = cluster_factory(3)
+    h1, h2, h3 = cluster.hosts
+    etcd = _etcd_in(h1, tmp_path)
+    model, ckpt = tmp_path / "model", tmp_path / "ckpt"
+    started = {"h1": _fleetrun(h1, tmp_path, etcd, ctr_data, model, ckpt, ctr_keys)}
+    _wait(lambda: "registering this host" in (tmp_path / "h1" / "stderr").read_text(), 30, "h1 registers", started)
+    time.sleep(0.5)  # registration order is slot order: h1 holds slot 0 (the first worker)
+    started["h2"] = _fleetrun(h2, tmp_path, etcd, ctr_data, model, ckpt, ctr_keys)
+    server_log = tmp_path / "h2" / "log" / "serverlog.0"
+    _wait(lambda: server_log.exists() and "opened pass 0" in server_log.read_text(), 90, "pass 0 opens", started)
+    started["h3"] = _fleetrun(h3, tmp_path, etcd, ctr_data, model, ckpt, ctr_keys)
+    _wait(lambda: "worker 2 joined" in server_log.read_text() and (ckpt / "ckpt-20").is_dir(), 120,
+          "h3's worker 2 to join and a checkpoint", started)
+    h2.link_down()  # h2 is lost: cut off, its fleetrun and every process of the job there killed
+    for pid in h2.pids():
+        os.kill(pid, signal.SIGKILL)
+    lost_at = time.monotonic()
+    started.pop("h2")[0].wait(30)
+    log0 = tmp_path / "h1" / "log" / "workerlog.0"  # round 1's, once attempt-0's moved away
+    again, deadline = None, time.monotonic() + 300
+    while any(p.poll() is None for p, _ in started.values()):
+        if again is None and (tmp_path / "h1" / "log" / "attempt-0").is_dir() and _batches(log0):
+            again = time.monotonic() - lost_at
+        assert time.monotonic() < deadline, "the job did not finish within 300 s of the loss"
+        time.sleep(0.1)
+    errs = {name: (work / "stderr").read_text() for name, (_, work) in started.items()}
+    for name, (proc, _) in started.items():
+        err = errs[name]
+        assert proc.returncode == 0, f"{name}: {err[-4000:]}"
+        assert f"fleetrun: round 1: server 0 moves from {h2.addr} to {h1.addr}" in err, err[-4000:]
+        assert re.search(rf"fleetrun: round 1 of job 'np-round' at etcd {re.escape(etcd.endpoint)} formed in "
+                         rf"[0-9.]+ s: {re.escape(h1.addr)}: server 0, slot 0; {re.escape(h3.addr)}: slot 2\n",
+                         err), err[-4000:]
+        assert "fleetrun: restart 1 of 1 (--max_restarts 1): " in err, err[-4000:]
+        assert "fleetrun: done after 1 restart; 1 failure, in order:" in err, err[-3000:]
+        assert "round 1 formed: " in (tmp_path / name / "log" / "restarts.log").read_text()
+    assert "joining the running job 'np-round'" in errs["h3"]
+    assert re.search(r"resumed from \S+ckpt-\d+", log0.read_text()), log0.read_text()[-2000:]
+    figures = _queue_figures((tmp_path / "h1" / "log" / "serverlog.0").read_text())  # server 0 on h1
+    resumed = min(figures)
+    assert sorted(figures) == list(range(resumed, EPOCHS)), figures
+    for status in figures.values():  # every unit once: restored from the checkpoint or trained now
+        trained = sum(w["units"] for w in status["workers"].values())
+        assert status["done"] and status["acked"] == status["units"] == status["restored"]["units"] + trained, status
+        assert status["examples"] == 60000 and status["stale_acks"] == 0, status
+    assert set(figures[resumed]["workers"]) <= {"0", "2"}, figures[resumed]
+    etcd.stop()
+    assert cluster.leftovers() == {}
+    reference = tmp_path / "reference"  # the same job undisturbed, on one host
+    ctr.python("-m", "fleet.launch", "--np", "2:2", "--server_num", 1, "--log_dir", reference / "log",
+               *_train_args(ctr_data, reference), cwd=tmp_path, timeout=300, env=ctr.clean_env(**ENV))
+    auc, undisturbed = _evaluate(model, ctr_data), _evaluate(reference, ctr_data)
+    restored = figures[resumed]["restored"]["units"]
+    again = f"{again:.1f} s" if again is not None else "not seen"
+    print(f"np etcd round: lost -> training again {again} (lease 3 s, heartbeat timeout 3 s); pass "
+          f"{resumed} resumed with {restored} of {figures[resumed]['units']} units restored; test AUC "
+          f"{auc:.4f}, undisturbed {undisturbed:.4f}")
+    assert abs(auc - undisturbed) <= 0.01, (auc, undisturbed)
