@@ -755,11 +755,11 @@ def _run_elastic_host(args, rendezvous, plan):
             # (fleet.launch.etcd_slot_rounds); this host's worker endpoints stay the same.
             off = bool(bind_any or bind_any_workers)
 
-            def config_for(round_plan, slots):
+            def config_for(round_plan, slots, every_slot):
                 local = tuple(i for i, e in enumerate(round_plan.servers) if parse_endpoint(e)[0] == me.addr)
                 return dataclasses.replace(config, server_endpoints=round_plan.servers, local_servers=local,
                                            local_workers=slots, bind_any=local if off else (),
-                                           bind_any_workers=slots if off else ())
+                                           bind_any_workers=slots if off else (), expected_workers=every_slot)
             registry = SlotRegroup(rendezvous, plan, config_for, registry, len(me.workers), config)
             code = launch(registry.config, monitor=registry.monitor, regroup=registry)
         else:

@@ -133,8 +133,9 @@ class SlotRegroup(Regroup):
 
     Args:
         rendezvous: the joined Rendezvous (elastic). plan: round 0's plan.
-        config_for: ``config_for(plan, slots)`` -> the LaunchConfig of this host's servers
-            of the plan and its worker slots ``slots`` (ascending).
+        config_for: ``config_for(plan, slots, every_slot)`` -> the LaunchConfig of this
+            host's servers of the plan and its worker slots ``slots``; ``every_slot``: the
+            round's slots on every host (the servers expect those workers), ascending.
         registry: round 0's started SlotRegistry (its plan slots taken).
         want: this host's --worker_num_per_host.
 
@@ -151,7 +152,7 @@ class SlotRegroup(Regroup):
         self.assigned = plan_slots(plan)
         self.registry.round = 0
         self._joined = {}  # address -> HostRecord of the survivors not in the current plan
-        super().__init__(rendezvous, plan, lambda p: config_for(p, self.my_slots()))
+        super().__init__(rendezvous, plan, lambda p: config_for(p, self.my_slots(), tuple(sorted(self.assigned))))
         if config is not None:  # round 0's, as fleetrun made it (a late host: no plan slots)
             self.config = config
 

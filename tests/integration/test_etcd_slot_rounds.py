@@ -70,7 +70,7 @@ def _regroup(rdv):
     registry.start()
     endpoints = slot_endpoints(rdv.me, plan, 3, 16170)
 
-    def config_for(p, slots):
+    def config_for(p, slots, every_slot):
         return types.SimpleNamespace(server_endpoints=p.servers, worker_endpoints=endpoints, slots=slots)
     return SlotRegroup(rdv, plan, config_for, registry, len(rdv.me.workers))
 

@@ -123,7 +123,7 @@ def test_one_host_stops_its_slot_reader_gets_ready_writes_the_plan_clearing_the_
     registry.stop = lambda: etcd.log.append(("stop slot reader", ""))
     configs = []
 
-    def config_for(p, slots):
+    def config_for(p, slots, every_slot):
         configs.append((p.servers, slots))
         return types.SimpleNamespace(server_endpoints=p.servers, worker_endpoints=(f"{H1}:6170", f"{H1}:6171",
                                                                                     f"{H1}:6172"))
