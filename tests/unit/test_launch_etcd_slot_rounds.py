@@ -281,3 +281,30 @@ def test_the_k_plus_first_round_gives_up(tmp_path, capsys):
     code, seen, log = _run(tmp_path, [("server",), ("server",)], [_Monitor()], k=1)
     assert code == 1 and seen == [(0, "round 0"), (1, "round 1")]
     assert "gave up after 1 restart (--max_restarts 1); 2 failures, in order:" in log
+
+
+# -- the servers expect the round's slots ----------------------------------------------------------
+def test_a_rounds_processes_are_told_which_workers_the_servers_expect_from_the_start(tmp_path):
+    from fleet.launch.config import LaunchConfig, process_environment
+    script = tmp_path / "train.py"
+    script.write_text("")
+    config = LaunchConfig(training_script=str(script), server_endpoints=("10.0.0.1:6170",),
+                          worker_endpoints=("10.0.0.1:6171", "10.0.0.1:6172", "10.0.0.1:6173"),
+                          local_servers=(0,), local_workers=(0,), host=H1, elastic=(2, 3),
+                          expected_workers=(0, 2))
+    env = process_environment(config, "server", 0, base={"FLEET_ELASTIC_EXPECTED": "stale"})
+    assert env["FLEET_ELASTIC_EXPECTED"] == "0,2" and env["FLEET_ELASTIC"] == "2:3"
+    import dataclasses
+    assert "FLEET_ELASTIC_EXPECTED" not in process_environment(
+        dataclasses.replace(config, expected_workers=None), "server", 0, base={"FLEET_ELASTIC_EXPECTED": "1"})
+
+
+def test_the_expected_workers_variable_is_a_comma_list_of_ids_or_refused_with_the_fix():
+    from fleet.elastic import expected_workers
+    from fleet.errors import ConfigError
+    assert expected_workers({"FLEET_ELASTIC_EXPECTED": "0,2"}) == (0, 2)
+    assert expected_workers({}) is None
+    with pytest.raises(ConfigError) as e:
+        expected_workers({"FLEET_ELASTIC_EXPECTED": "0,x"})
+    assert str(e.value) == ("FLEET_ELASTIC_EXPECTED='0,x' is not a comma list of worker ids >= 0 (e.g. 0,2); "
+                            "fleetrun sets it, leave it unset otherwise")
