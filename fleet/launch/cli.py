@@ -20,7 +20,7 @@ from fleet.launch import etcd_slots as slots_module
 from fleet.launch import hosts as hosts_module
 from fleet.launch.elastic import request_add_workers
 from fleet.launch.etcd_rounds import Regroup
-from fleet.launch.etcd_slot_rounds import SlotRegroup
+from fleet.launch.etcd_slot_rounds import SlotRegroup, join_newest_round
 from fleet.launch.local import launch
 from fleet.launch.report import plural, say
 from fleet.launch.this_host import interface_addresses, place
@@ -728,10 +728,12 @@ def _run_elastic_host(args, rendezvous, plan):
     its servers and plan slots, or (a host joining the running job) free slots it takes.
     Returns launch's exit code."""
     me, code, down = rendezvous.me, EXIT_PROCESS_FAILED, None
-    registry = slots_module.SlotRegistry(rendezvous, plan)
+    registry, round_ = slots_module.SlotRegistry(rendezvous, plan), 0
     try:
         registry.agree_np()
-        if rendezvous.late:
+        if rendezvous.late:  # after a round (--max_restarts) the servers may have moved
+            round_, plan, assigned = join_newest_round(rendezvous, plan)
+            registry = slots_module.SlotRegistry(rendezvous, plan, assigned)
             registry.join_slots = tuple(registry.claim(len(me.workers)))
             if not registry.join_slots:
                 raise RendezvousError(f"{rendezvous.where} runs, and this host ({me.describe()}) found no worker "
@@ -760,7 +762,8 @@ def _run_elastic_host(args, rendezvous, plan):
                 return dataclasses.replace(config, server_endpoints=round_plan.servers, local_servers=local,
                                            local_workers=slots, bind_any=local if off else (),
                                            bind_any_workers=slots if off else (), expected_workers=every_slot)
-            registry = SlotRegroup(rendezvous, plan, config_for, registry, len(me.workers), config)
+            registry = SlotRegroup(rendezvous, plan, config_for, registry, len(me.workers), config, round_,
+                                   registry.assigned)
             code = launch(registry.config, monitor=registry.monitor, regroup=registry)
         else:
             code = launch(config, monitor=slots_module.ElasticMonitor(rendezvous.monitor, registry))

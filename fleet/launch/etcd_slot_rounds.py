@@ -36,6 +36,7 @@ import json
 
 from fleet.endpoints import join_endpoint, parse_endpoint
 from fleet.errors import RendezvousError
+from fleet.launch.etcd_membership import MembershipMonitor
 from fleet.launch.etcd_rendezvous import HostRecord, JobPlan
 from fleet.launch.etcd_rounds import Regroup, free_ports, shares_of
 from fleet.launch.etcd_slots import SLOTS, ElasticMonitor, SlotRegistry, plan_slots
@@ -128,6 +129,49 @@ def describe_slot_plan(plan, assigned):
     return "; ".join(parts)
 
 
+def slot_plan_from_json(text):
+    """(JobPlan, move descriptions, {slot: address}) of a stored round plan of an elastic job.
+
+    Raises:
+        RendezvousError: the text is not such a plan.
+    """
+    try:
+        d = json.loads(text)
+        members = tuple(HostRecord.from_json(json.dumps(r), int(r["revision"])) for r in d["members"])
+        assigned = {int(j): str(a) for j, a in d["slots"].items()}
+        return JobPlan(members, tuple(d["servers"]), ()), list(d["moves"]), assigned
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RendezvousError(f"a round plan {text[:200]!r} of this job in etcd is not fleet's "
+                              "(--np): use a --job_id of its own for each job") from e
+
+
+def join_newest_round(rendezvous, plan):
+    """For a host joining a running elastic job: the newest round's plan (its servers may
+    have moved since the job formed), its monitor watching that round's server hosts.
+
+    Args:
+        rendezvous: the joined Rendezvous (late). plan: the formed plan (round 0).
+
+    Returns:
+        (round, JobPlan, {slot: address}); (0, plan, its slots) when no round followed.
+
+    Raises:
+        RendezvousError: etcd did not answer, or a stored plan is not fleet's.
+    """
+    base = rendezvous.prefix + "rounds/"
+    kvs, revision = rendezvous.client.range(base, prefix=True)
+    plans = {int(kv.key[len(base):].split("/")[0]): kv.value for kv in kvs
+             if kv.key.endswith("/plan") and kv.key[len(base):].split("/")[0].isdigit()}
+    if not plans:
+        return 0, plan, plan_slots(plan)
+    r = max(plans)
+    newest, _, assigned = slot_plan_from_json(plans[r])
+    old = rendezvous.monitor
+    old.stop_watching()
+    rendezvous.monitor = MembershipMonitor(rendezvous, newest, revision, old.keepalive)
+    return r, newest, assigned
+
+
 class SlotRegroup(Regroup):
     """One host's part in the rounds of an elastic etcd job (see the module docstring).
 
@@ -136,8 +180,11 @@ class SlotRegroup(Regroup):
         config_for: ``config_for(plan, slots, every_slot)`` -> the LaunchConfig of this
             host's servers of the plan and its worker slots ``slots``; ``every_slot``: the
             round's slots on every host (the servers expect those workers), ascending.
-        registry: round 0's started SlotRegistry (its plan slots taken).
+        registry: the current round's started SlotRegistry (its slots taken).
         want: this host's --worker_num_per_host.
+        config: the current round's LaunchConfig as fleetrun made it (default: config_for's).
+        round: the current round (a host that joined after rounds: the newest one's).
+        assigned: the current round's {slot: address} (default: the formed plan's).
 
     Attributes (besides Regroup's):
         remakes_slots: True (`fleet.launch.restart` runs every restart as a round).
@@ -146,14 +193,15 @@ class SlotRegroup(Regroup):
 
     remakes_slots = True
 
-    def __init__(self, rendezvous, plan, config_for, registry, want, config=None):
+    def __init__(self, rendezvous, plan, config_for, registry, want, config=None, round=0, assigned=None):
         self.registry = registry
         self.want = want
-        self.assigned = plan_slots(plan)
-        self.registry.round = 0
+        self.assigned = plan_slots(plan) if assigned is None else dict(assigned)
+        self.registry.round = round
         self._joined = {}  # address -> HostRecord of the survivors not in the current plan
         super().__init__(rendezvous, plan, lambda p: config_for(p, self.my_slots(), tuple(sorted(self.assigned))))
-        if config is not None:  # round 0's, as fleetrun made it (a late host: no plan slots)
+        self.round = round
+        if config is not None:  # as fleetrun made it (a late host: no slots of the plan)
             self.config = config
 
     @property
@@ -213,14 +261,8 @@ class SlotRegroup(Regroup):
         self.rdv.client.put_if_absent(key, text, clear_prefix=self.rdv.prefix + SLOTS)
 
     def _adopt(self, text):
-        try:
-            d = json.loads(text)
-            members = tuple(HostRecord.from_json(json.dumps(r), int(r["revision"])) for r in d["members"])
-            self._next_assigned = {int(j): str(a) for j, a in d["slots"].items()}
-            return JobPlan(members, tuple(d["servers"]), ()), list(d["moves"])
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise RendezvousError(f"a round plan {text[:200]!r} of this job in etcd is not fleet's "
-                                  "(--np): use a --job_id of its own for each job") from e
+        plan, moves, self._next_assigned = slot_plan_from_json(text)
+        return plan, moves
 
     def _start_round(self):
         self.assigned = self._next_assigned

@@ -12,7 +12,7 @@ import pytest
 from fleet.errors import RendezvousError
 from fleet.launch.etcd_client import EtcdClient
 from fleet.launch.etcd_rendezvous import HostRecord, Rendezvous, host_endpoints
-from fleet.launch.etcd_slot_rounds import SlotRegroup
+from fleet.launch.etcd_slot_rounds import SlotRegroup, join_newest_round
 from fleet.launch.etcd_slots import SlotRegistry, describe_slots, read_slots, slot_endpoints
 from tests import etcd_server
 
@@ -120,10 +120,15 @@ def test_a_lost_server_host_re_forms_the_job_with_the_server_moved_and_the_slots
         assert g1.registry.check() is None and g3.registry.check() is None
         assert g1.monitor.poll() is None
         # a host of workers only that joins now takes the lost host's id
+        # a host of workers only that joins now follows round 1 (server 0 on h1) and takes the lost host's id
         late = _rdv(etcd, "np-round", 4, 0, 1)
-        late.join()
-        assert late.late
-        assert SlotRegistry(late, late.monitor.plan).claim(1) == [1]
+        formed = late.join()
+        assert late.late and formed.servers == ("127.0.0.2:16170",)  # the plan the job formed with
+        r, newest, assigned = join_newest_round(late, formed)
+        assert (r, newest.servers, assigned) == (1, g1.plan.servers, g1.assigned)
+        assert late.monitor.plan == newest
+        joined = SlotRegistry(late, newest, assigned, round=r)
+        assert joined.claim(1) == [1] and joined.check() is None  # round 1's ready keys are no new round
     finally:
         for g in regroups:
             g.registry.stop()
