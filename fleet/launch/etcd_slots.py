@@ -20,7 +20,10 @@ takes free slots, up to its ``--worker_num_per_host``, while the data is not don
 workers start as joining ones (FLEET_ELASTIC_JOINING=1). ``fleetrun --add_workers N``
 on any host of the job takes free slots the same way. Every host's
 :class:`SlotRegistry` reads the slots every half second: while no slot is done and fewer
-than MIN are live, the job ends on every host, naming the lost workers and hosts.
+than MIN are live, the job ends on every host, naming the lost workers and hosts. Under
+``--max_restarts`` (`fleet.launch.etcd_slot_rounds`) that ends the attempt instead, as does
+another host registering ready for the next round (also read every half second), and
+the round re-makes the slots.
 
 Thread-safety: a SlotRegistry's ``poll``, ``data_done`` and ``check`` may be called from
 any thread, its other methods from one thread (fleetrun's main thread); its reader runs on
