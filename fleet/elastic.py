@@ -25,6 +25,7 @@ from fleet.envvars import env_int
 from fleet.errors import ConfigError
 
 ELASTIC_ENV = "FLEET_ELASTIC"
+EXPECTED_ENV = "FLEET_ELASTIC_EXPECTED"
 UNIT_BYTES_ENV = "FLEET_ELASTIC_UNIT_BYTES"
 # Set to 1 by fleetrun for a worker it admits into a running elastic job (a replacement or an
 # added worker): fleet.load_checkpoint then lets it start from the servers' current
@@ -67,6 +68,27 @@ def elastic_range(environ=None):
     if not value:
         return None
     return parse_np(value, ELASTIC_ENV)
+
+
+def expected_workers(environ=None):
+    """The worker ids an elastic job's servers count as training from the start, from
+    FLEET_ELASTIC_EXPECTED (a comma list fleetrun sets for a round of an etcd job whose
+    slots are not 0..MIN-1), or None (the servers' default: 0..MIN-1).
+
+    Raises:
+        ConfigError: a value that is not a comma list of worker ids >= 0.
+    """
+    value = (os.environ if environ is None else environ).get(EXPECTED_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        ids = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        ids = (-1,)
+    if any(i < 0 for i in ids):
+        raise ConfigError(f"{EXPECTED_ENV}={value!r} is not a comma list of worker ids >= 0 (e.g. 0,2); fleetrun "
+                          "sets it, leave it unset otherwise")
+    return ids
 
 
 def check_elastic_mode(mode, environ=None):

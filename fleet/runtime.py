@@ -27,7 +27,7 @@ import numpy as np
 from fleet import telemetry
 from fleet.local_tables import local_tables  # noqa: F401  (fleet.runtime.local_tables(): the local tables)
 from fleet.communicator import make_communicator
-from fleet.elastic import check_elastic_mode, elastic_range
+from fleet.elastic import check_elastic_mode, elastic_range, expected_workers
 from fleet.errors import ConfigError, FleetTimeoutError, ServerError, TransportError
 from fleet.framework import io as fio
 from fleet.framework.executor import Executor
@@ -610,7 +610,8 @@ class ServerRuntime:
         """
         config = self.strategy.get_program_config()
         options = {"dc_asgd": config.enable_dc_asgd, "merge_pushes": config.merge_async_pushes,
-                   "worker_endpoints": self.fleet.worker_endpoints(), "elastic": elastic_range()}
+                   "worker_endpoints": self.fleet.worker_endpoints(), "elastic": elastic_range(),
+                   "expected": expected_workers()}
         if model_dir is None:
             self.server = ParameterServer(self.endpoint, self.plan, self._initial_values(), **options)
             return

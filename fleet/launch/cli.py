@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from fleet.launch import etcd_slots as slots_module
 from fleet.launch import hosts as hosts_module
 from fleet.launch.elastic import request_add_workers
 from fleet.launch.etcd_rounds import Regroup
+from fleet.launch.etcd_slot_rounds import SlotRegroup, join_newest_round
 from fleet.launch.local import launch
 from fleet.launch.hostfile import DEFAULT_REMOTE_DIR, parse_hosts
 from fleet.launch.preflight import PREFLIGHT_SECONDS
@@ -205,9 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
         "hybrid jobs cannot be elastic. With --elastic_server (and --server_num, no --worker_num) the MAX slots "
         "are keys in etcd: the job forms with its servers and at least MIN workers; a host of workers only that "
         "registers later takes free slots (up to its --worker_num_per_host) and starts joining workers; a lost host "
-        "of workers only frees its slots (a lost server host still ends the job); below MIN live slots, with no "
-        "worker done, every host ends the job; --add_workers on a host takes free slots from etcd. Its processes "
-        "get no PADDLE_TRAINER_ENDPOINTS; --max_restarts is refused with it. See docs/elastic.md.", width=86))
+        "of workers only frees its slots (without --max_restarts a lost server host ends the job); below MIN live "
+        "slots, with no worker done, every host ends the job; --add_workers on a host takes free slots from etcd. "
+        "Its processes get no PADDLE_TRAINER_ENDPOINTS. With --max_restarts K a lost server host, a failed server "
+        "or fewer than MIN live slots restarts the job from its newest checkpoint as a round: every surviving host "
+        "stops, counts a restart and gets ready; the round's plan moves the lost hosts' servers and re-makes the "
+        "worker slots (each host keeps its slot ids, up to --worker_num_per_host; a lost host's ids are free). "
+        "See docs/elastic.md.", width=86))
     elastic.add_argument("--np", metavar="MIN:MAX",
                          help="make the job elastic: keep it running while at least MIN workers are alive, "
                               "admit up to MAX")
@@ -652,14 +658,6 @@ def _elastic_etcd_np(args):
                           "leave out --worker_num")
     if args.worker_replacements < 0:
         raise ConfigError(f"--worker_replacements {args.worker_replacements} must be an integer >= 0")
-    if args.max_restarts:
-        # A restart would have to bring every host's slots back at once: the workers of
-        # hosts without a server see a lost server only as lost workers, and slots freed in
-        # the failed attempt must not count against MIN while the hosts restart apart.
-        raise ConfigError(f"--max_restarts {args.max_restarts} with --np {args.np} and --elastic_server: worker "
-                          "slots across hosts are not restarted (docs/elastic.md); leave out --max_restarts (lost "
-                          "workers and hosts of workers only are tolerated while MIN workers live), or give a fixed "
-                          "--worker_num instead of --np to restart the job from its checkpoints")
     return low, high
 
 
@@ -732,10 +730,12 @@ def _run_elastic_host(args, rendezvous, plan):
     its servers and plan slots, or (a host joining the running job) free slots it takes.
     Returns launch's exit code."""
     me, code, down = rendezvous.me, EXIT_PROCESS_FAILED, None
-    registry = slots_module.SlotRegistry(rendezvous, plan)
+    registry, round_ = slots_module.SlotRegistry(rendezvous, plan), 0
     try:
         registry.agree_np()
-        if rendezvous.late:
+        if rendezvous.late:  # after a round (--max_restarts) the servers may have moved
+            round_, plan, assigned = join_newest_round(rendezvous, plan)
+            registry = slots_module.SlotRegistry(rendezvous, plan, assigned)
             registry.join_slots = tuple(registry.claim(len(me.workers)))
             if not registry.join_slots:
                 raise RendezvousError(f"{rendezvous.where} runs, and this host ({me.describe()}) found no worker "
@@ -749,14 +749,29 @@ def _run_elastic_host(args, rendezvous, plan):
             bind_any, bind_any_workers = placement.bind_any, placement.bind_any_workers
         registry.start()
         start = 6170 if args.start_port is None else args.start_port
-        config = _make_config(args, plan.servers, slots_module.slot_endpoints(me, plan, registry.high, start),
+        endpoints = slots_module.slot_endpoints(me, plan, registry.high, start)
+        config = _make_config(args, plan.servers, endpoints,
                               local_servers=servers, local_workers=workers, bind_any=bind_any,
                               bind_any_workers=bind_any_workers, host=me.addr, keys_dir=_keys_dir(args, True),
                               elastic=rendezvous.elastic, worker_replacements=args.worker_replacements)
-        code = launch(config, monitor=slots_module.ElasticMonitor(rendezvous.monitor, registry))
+        if args.max_restarts:
+            # A failure that ends the job starts a round: servers moved, slots re-made
+            # (fleet.launch.etcd_slot_rounds); this host's worker endpoints stay the same.
+            off = bool(bind_any or bind_any_workers)
+
+            def config_for(round_plan, slots, every_slot):
+                local = tuple(i for i, e in enumerate(round_plan.servers) if parse_endpoint(e)[0] == me.addr)
+                return dataclasses.replace(config, server_endpoints=round_plan.servers, local_servers=local,
+                                           local_workers=slots, bind_any=local if off else (),
+                                           bind_any_workers=slots if off else (), expected_workers=every_slot)
+            registry = SlotRegroup(rendezvous, plan, config_for, registry, len(me.workers), config, round_,
+                                   registry.assigned)
+            code = launch(registry.config, monitor=registry.monitor, regroup=registry)
+        else:
+            code = launch(config, monitor=slots_module.ElasticMonitor(rendezvous.monitor, registry))
         down = rendezvous.monitor.etcd_down()
     finally:
-        registry.stop()
+        getattr(registry, "registry", registry).stop()
         rendezvous.leave(code)
     if code != 0 and down is not None:
         say(f"exit {code}: the job failed while etcd at {rendezvous.client.endpoint} was unreachable (for "

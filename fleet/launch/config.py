@@ -6,7 +6,7 @@ import math
 import os
 
 from fleet.endpoints import parse_endpoint
-from fleet.elastic import ELASTIC_ENV
+from fleet.elastic import ELASTIC_ENV, EXPECTED_ENV
 from fleet.errors import ConfigError
 from fleet.telemetry import METRICS_PORT_ENV
 from fleet.transport.curve import KEYS_DIR_ENV
@@ -106,6 +106,9 @@ class LaunchConfig:
             starts its ``local_workers`` and ``initial_workers`` is their count.
         worker_replacements: elastic jobs: how many lost workers fleetrun restarts in
             total, each under its lost id (0: a lost worker's share goes to the others).
+        expected_workers: elastic jobs: the worker ids the servers count as training from
+            the start (FLEET_ELASTIC_EXPECTED; a round of an etcd job, whose slots are the
+            hosts' kept ids), or None for 0..MIN-1.
 
     Raises:
         ConfigError: a value is malformed; the message names it and the fix.
@@ -136,6 +139,7 @@ class LaunchConfig:
     elastic: tuple[int, int] | None = None
     initial_workers: int | None = None
     worker_replacements: int = 0
+    expected_workers: tuple[int, ...] | None = None
 
     def __post_init__(self):
         for name in ("script_args", "server_endpoints", "worker_endpoints"):
@@ -304,6 +308,7 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in ROLE_VARIABLES and k not in STALE_VARIABLES}
     env.pop(ELASTIC_ENV, None)  # fleetrun decides: --np MIN:MAX makes FLEET_ELASTIC, else a fixed job
+    env.pop(EXPECTED_ENV, None)
     if config.metrics_port is not None:
         env[METRICS_PORT_ENV] = str(config.metrics_port_of(role, index))
     if config.is_local:
@@ -337,6 +342,8 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
         env["PADDLE_TRAINER_ID"] = str(index)
     if config.elastic is not None:
         env[ELASTIC_ENV] = f"{config.elastic[0]}:{config.elastic[1]}"
+        if config.expected_workers is not None:
+            env[EXPECTED_ENV] = ",".join(map(str, config.expected_workers))
     _common_environment(config, env, role, index, host)
     return env
 

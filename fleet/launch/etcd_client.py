@@ -162,9 +162,11 @@ class EtcdClient:
         answer = self._call("/v3/kv/put", body, f"a write of {key!r}")
         return int(answer.get("header", {}).get("revision", 0))
 
-    def put_if_absent(self, key: str, value: str, lease: int = 0) -> tuple[bool, KeyValue]:
+    def put_if_absent(self, key: str, value: str, lease: int = 0,
+                      clear_prefix: str | None = None) -> tuple[bool, KeyValue]:
         """Create key with value (attached to a lease if given) unless it exists (one
-        transaction).
+        transaction); with ``clear_prefix``, the same transaction deletes every key under
+        that prefix when (and only when) it creates the key.
 
         Returns:
             (True, the new key) if this call created it, else (False, the existing key).
@@ -177,6 +179,9 @@ class EtcdClient:
                 "success": [{"request_put": dict({"key": _b64(key), "value": _b64(value)},
                                                  **({"lease": str(lease)} if lease else {}))}],
                 "failure": [{"request_range": {"key": _b64(key)}}]}
+        if clear_prefix:
+            body["success"].insert(0, {"request_delete_range": {
+                "key": _b64(clear_prefix), "range_end": _b64(prefix_end(clear_prefix))}})
         answer = self._call("/v3/kv/txn", body, f"a create of {key!r}")
         if answer.get("succeeded"):
             revision = int(answer.get("header", {}).get("revision", 0))

@@ -134,10 +134,11 @@ def free_ports(addr, above, count):
 
 
 def _ready_record(text):
-    """(addr, ports) of a stored ready/ record. Raises RendezvousError for one fleet did not write."""
+    """(addr, the record as a dict, "ports" a list of int) of a stored ready/ record.
+    Raises RendezvousError for one fleet did not write."""
     try:
         d = json.loads(text)
-        return str(d["addr"]), [int(p) for p in d["ports"]]
+        return str(d["addr"]), d | {"ports": [int(p) for p in d["ports"]]}
     except (ValueError, KeyError, TypeError) as e:
         raise RendezvousError(f"a ready record {text[:200]!r} of this job in etcd is not fleet's: "
                               "use a --job_id of its own for each job") from e
@@ -209,19 +210,17 @@ class Regroup:
         """
         began = time.monotonic()
         rdv, r = self.rdv, self.round + 1
-        old = self.monitor
+        old = self.rdv.monitor
         old.stop_watching()
         base = f"{rdv.prefix}rounds/{r}/"
-        ports = free_ports(rdv.me.addr, max_port(self.plan, rdv.me.addr),
-                           len(self.plan.servers) + len(self.plan.workers))
-        rdv.client.put(base + "ready/" + rdv.me.addr,
-                       json.dumps({"addr": rdv.me.addr, "ports": ports}), rdv.lease)
+        rdv.client.put(base + "ready/" + rdv.me.addr, json.dumps(self._offer()), rdv.lease)
         say(f"ready for round {r} of {rdv.where}; waiting for the other surviving hosts "
             f"(at most {rdv.wait_s:g} s, {TIMEOUT_ENV})")
         found = self._wait_plan(base, r, began, signals)
         if found is None:
             return False
-        (plan, moves), revision = found
+        text, revision = found
+        plan, moves = self._adopt(text)
         if not any(m.addr == rdv.me.addr for m in plan.members):
             raise RendezvousError(f"round {r} of {rdv.where} formed without this host "
                                   f"({rdv.me.addr}): the others counted it as lost")
@@ -229,11 +228,38 @@ class Regroup:
             say(f"round {r}: {move.replace(' from ', ' moves from ', 1)}")
         self.rdv.monitor = MembershipMonitor(rdv, plan, revision, old.keepalive)
         self.round, self.plan = r, plan
+        self._start_round()
         self.config = self.config_for(plan)
         self.seconds.append(time.monotonic() - began)
-        say(f"round {r} of {rdv.where} formed in {self.seconds[-1]:.2f} s: "
-            + "; ".join(f"{m.addr}: {plan.ranks_of(m.addr)}" for m in plan.members))
+        say(f"round {r} of {rdv.where} formed in {self.seconds[-1]:.2f} s: {self.describe_plan()}")
         return True
+
+    def describe_plan(self):
+        """E.g. "10.0.0.1: server 0, worker 0; 10.0.0.3: worker 1" of the current round."""
+        return "; ".join(f"{m.addr}: {self.plan.ranks_of(m.addr)}" for m in self.plan.members)
+
+    # Hooks of a round; `fleet.launch.etcd_slot_rounds.SlotRegroup` re-makes worker slots in them.
+    def _offer(self):
+        """This host's ready/ record: its address and free ports above those it used."""
+        addr = self.rdv.me.addr
+        return {"addr": addr, "ports": free_ports(addr, max_port(self.plan, addr),
+                                                  len(self.plan.servers) + len(self.plan.workers))}
+
+    def _form(self, ready, lost):
+        """The text of the next round's plan, from every survivor's ready/ record."""
+        plan, moves = next_plan(self.plan, lost, {a: d["ports"] for a, d in ready.items()})
+        return plan_to_json(plan, moves)
+
+    def _write_plan(self, key, text):
+        """Writes the plan unless one is there (the first write wins)."""
+        self.rdv.client.put_if_absent(key, text)
+
+    def _adopt(self, text):
+        """(JobPlan, move descriptions) of the stored plan text."""
+        return plan_from_json(text)
+
+    def _start_round(self):
+        """Called once the new round's plan and monitor are in place, before its config."""
 
     def _wait_plan(self, base, r, began, signals):
         rdv = self.rdv
@@ -242,7 +268,7 @@ class Regroup:
         while not signals.received:
             stored, revision = rdv.client.range(base + "plan")
             if stored:
-                return plan_from_json(stored[0].value), revision
+                return stored[0].value, revision
             survivors = self._survivors()
             if rdv.me.addr not in survivors:
                 raise RendezvousError(f"this host's registration in {rdv.where} is gone (its lease "
@@ -252,8 +278,7 @@ class Regroup:
             missing = [a for a in survivors if a not in ready]
             if not missing:
                 lost = [m.addr for m in self.plan.members if m.addr not in survivors]
-                plan, moves = next_plan(self.plan, lost, ready)
-                rdv.client.put_if_absent(base + "plan", plan_to_json(plan, moves))
+                self._write_plan(base + "plan", self._form({a: ready[a] for a in survivors}, lost))
                 continue  # read back whichever plan won
             if time.monotonic() - began > rdv.wait_s:
                 raise RendezvousError(

@@ -20,7 +20,10 @@ takes free slots, up to its ``--worker_num_per_host``, while the data is not don
 workers start as joining ones (FLEET_ELASTIC_JOINING=1). ``fleetrun --add_workers N``
 on any host of the job takes free slots the same way. Every host's
 :class:`SlotRegistry` reads the slots every half second: while no slot is done and fewer
-than MIN are live, the job ends on every host, naming the lost workers and hosts.
+than MIN are live, the job ends on every host, naming the lost workers and hosts. Under
+``--max_restarts`` (`fleet.launch.etcd_slot_rounds`) that ends the attempt instead, as does
+another host registering ready for the next round (also read every half second), and
+the round re-makes the slots.
 
 Thread-safety: a SlotRegistry's ``poll``, ``data_done`` and ``check`` may be called from
 any thread, its other methods from one thread (fleetrun's main thread); its reader runs on
@@ -60,12 +63,14 @@ class Slot:
     mod_revision: int = 0
 
 
-def read_slots(client, prefix, plan, high):
+def read_slots(client, prefix, plan, high, assigned=None):
     """Every slot's state, and the addresses of the registered hosts.
 
     Args:
         client: the job's EtcdClient. prefix: the job's key prefix ("/fleet/jobs/ID/").
         plan: the formed JobPlan (its workers are slots 0..k-1). high: MAX.
+        assigned: {slot: host address} of the current round's plan (default: the formed
+            plan's, slot j on the host of plan.workers[j]).
 
     Returns:
         ([Slot for 0..high-1], set of registered host addresses).
@@ -85,12 +90,14 @@ def read_slots(client, prefix, plan, high):
         except (ValueError, KeyError, TypeError) as e:
             raise RendezvousError(f"slot key {kv.key!r} = {kv.value[:200]!r} in etcd is not fleet's: "
                                   "use a --job_id of its own for each job") from e
+    if assigned is None:
+        assigned = plan_slots(plan)
     slots = []
     for j in range(high):
         if j in stored:
             slots.append(stored[j])
-        elif j < len(plan.workers) and _addr(plan.workers[j]) in alive:
-            slots.append(Slot(j, _addr(plan.workers[j]), "pending"))
+        elif assigned.get(j) in alive:
+            slots.append(Slot(j, assigned[j], "pending"))
         else:
             slots.append(Slot(j))
     return slots, alive
@@ -98,6 +105,11 @@ def read_slots(client, prefix, plan, high):
 
 def _addr(endpoint):
     return parse_endpoint(endpoint)[0]
+
+
+def plan_slots(plan):
+    """{slot: host address} of a formed plan: slot j is plan.workers[j]'s."""
+    return {j: _addr(e) for j, e in enumerate(plan.workers)}
 
 
 def _value(addr, state):
@@ -124,15 +136,21 @@ class SlotRegistry:
     Args:
         rendezvous: the joined Rendezvous (client, prefix, lease, me, where, elastic).
         plan: the formed JobPlan.
+        assigned: {slot: host address} of the current round (default: the formed plan's).
+        round: under --max_restarts (`fleet.launch.etcd_slot_rounds`) the current round:
+            a host that registers ready for the next one ends the job here too; None
+            without rounds.
 
     Attributes:
         join_slots: slots this host took when it joined a running job (its workers start
             in them as joining workers).
     """
 
-    def __init__(self, rendezvous, plan):
+    def __init__(self, rendezvous, plan, assigned=None, round=None):
         self.rdv = rendezvous
         self.plan = plan
+        self.assigned = plan_slots(plan) if assigned is None else dict(assigned)
+        self.round = round
         self.low, self.high = rendezvous.elastic
         self.addr = rendezvous.me.addr
         self.join_slots = ()
@@ -171,7 +189,7 @@ class SlotRegistry:
         Raises:
             RendezvousError: etcd did not answer, or a plan slot is held by another host.
         """
-        mine = tuple(j for j, e in enumerate(self.plan.workers) if _addr(e) == self.addr)
+        mine = tuple(sorted(j for j, a in self.assigned.items() if a == self.addr))
         for j in mine:
             if not self.rdv.client.put_if_unchanged(self._key(j), _value(self.addr, LIVE), 0, self.rdv.lease):
                 raise RendezvousError(f"worker slot {j} of {self.rdv.where} is held already, but the plan gives "
@@ -190,7 +208,7 @@ class SlotRegistry:
         """
         taken, self.why_none = [], ""
         while len(taken) < count:
-            slots, _ = read_slots(self.rdv.client, self.rdv.prefix, self.plan, self.high)
+            slots, _ = read_slots(self.rdv.client, self.rdv.prefix, self.plan, self.high, self.assigned)
             if any(s.state == DONE for s in slots):
                 self.why_none = "the data is done: a worker of the job already exited 0"
                 break
@@ -262,8 +280,11 @@ class SlotRegistry:
         Raises:
             RendezvousError: etcd did not answer.
         """
-        slots, alive = read_slots(self.rdv.client, self.rdv.prefix, self.plan, self.high)
+        slots, alive = read_slots(self.rdv.client, self.rdv.prefix, self.plan, self.high, self.assigned)
+        begun = self._round_begun()
         with self._lock:
+            if begun and self._change is None:
+                self._change = begun
             for s in slots:
                 was = self._held.get(s.index)
                 if s.state in (LIVE, "pending"):
@@ -283,6 +304,18 @@ class SlotRegistry:
                                 f"{self.low}:{self.high}'s minimum {self.low}, and no worker has finished the data: "
                                 f"the job fails. Lost: {', '.join(self._lost) or 'none seen'}{hosts}")
             return self._change
+
+    def _round_begun(self):
+        """The sentence saying another host registered ready for the next round, or None."""
+        if self.round is None:
+            return None
+        base = f"{self.rdv.prefix}rounds/{self.round + 1}/ready/"
+        kvs, _ = self.rdv.client.range(base, prefix=True)
+        others = sorted(kv.key[len(base):] for kv in kvs if kv.key[len(base):] != self.addr)
+        if not others:
+            return None
+        return (f"host {others[0]} began round {self.round + 1} of {self.rdv.where} (it stopped its processes "
+                "after a failure): this host stops its processes and joins the round (--max_restarts)")
 
     def _run(self):
         while not self._stopped.wait(_READ_EVERY_S):
@@ -311,6 +344,18 @@ class ElasticMonitor:
     def etcd_down(self):
         """(seconds since, the error) while etcd does not answer, else None."""
         return self.membership.etcd_down()
+
+    def cut_off(self):
+        """True once etcd answered that this host's own lease is gone. Never blocks."""
+        return self.membership.cut_off()
+
+    def lost_hosts(self):
+        """The lost member hosts that ran servers, in the order seen. Never blocks."""
+        return self.membership.lost_hosts()
+
+    def why_lost(self, addr):
+        """How a lost member was lost ("" if it was not). Never blocks."""
+        return self.membership.why_lost(addr)
 
 
 def describe_slots(slots):

@@ -18,7 +18,9 @@ the attempt ends as without restarts (root cause named, the others stopped), the
 
 Under ``--elastic_server`` a host lost from the job (a membership change in etcd) is a
 failure too (role "host"): the surviving hosts form a new round of the job without it
-(`fleet.launch.etcd_rounds`) instead of restarting with the same plan.
+(`fleet.launch.etcd_rounds`) instead of restarting with the same plan. In an elastic job
+(``--np MIN:MAX``, `fleet.launch.etcd_slot_rounds`) every restart is a round, its worker
+slots re-made.
 
 A failure is a process that exited non-zero or was killed, seen by this fleetrun. A
 timeout, a signal to fleetrun, a process that could not be started and bad arguments end
@@ -66,9 +68,10 @@ class Failure:
     time: float
 
     def describe(self):
-        """"worker 1 (pid 4242) on host h1 was killed by SIGKILL: <error>"."""
+        """"worker 1 (pid 4242) on host h1 was killed by SIGKILL: <error>" (no index when < 0)."""
         pid = f" (pid {self.pid})" if self.pid is not None else ""
-        return f"{self.role} {self.index}{pid} on host {self.host} {self.how}{': ' + self.error if self.error else ''}"
+        who = self.role if self.index < 0 else f"{self.role} {self.index}"
+        return f"{who}{pid} on host {self.host} {self.how}{': ' + self.error if self.error else ''}"
 
 
 NO_CHECKPOINT = (
@@ -109,6 +112,12 @@ def run_with_restarts(config, make_job, signals, regroup=None):
         code = job.run()
         cause = job.cause
         change = getattr(job, "membership_change", None)
+        if getattr(regroup, "remakes_slots", False):
+            code = _slot_round(config, regroup, job, code, attempt, failures, state, signals)
+            if code is not None:
+                return code
+            attempt += 1
+            continue
         if regroup is not None and change and not signals.received:
             code = _heal(config, regroup, job, attempt, failures, state, signals)
             if code is not None:
@@ -161,6 +170,64 @@ def _heal(config, regroup, job, attempt, failures, state, signals):
             return decision
     keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
     return _next_round(config, regroup, change, failures, signals)
+
+
+def _slot_round(config, regroup, job, code, attempt, failures, state, signals):
+    """An attempt of an elastic etcd job (--np, ``regroup.remakes_slots``) ended: a failure
+    that ends the job becomes a round with its worker slots re-made; a host of workers
+    only whose workers were lost, with no change of the job seen meanwhile, leaves as
+    without restarts. Returns None to run the next round, else fleetrun's exit code."""
+    if signals.received or code != EXIT_PROCESS_FAILED:
+        return conclude(config.log_dir, code, failures, config.max_restarts)
+    change, cause = job.membership_change, job.cause
+    if regroup.monitor.cut_off():
+        return _end_on_cut_off(config, regroup, change or regroup.monitor.poll(), failures)
+    host = config.host or socket.gethostname()
+    failure = None
+    if cause is not None:
+        failure = Failure(attempt, cause.role, cause.index, host, cause.popen.pid, cause.describe_exit(),
+                          cause.error_line(), cause.exit_wall_time or time.time())
+    if change is None and (cause is None or cause.role != "server"):
+        change = _wait_for_round(config, regroup, signals)
+        if signals.received:
+            return conclude(config.log_dir, 128 + signals.received, failures, config.max_restarts)
+        if change is None:
+            say(f"exit {code}: every worker of this host was lost and the job did not change within "
+                f"{_loss_window(config, regroup):g} s (no round began, its servers' hosts live, MIN workers "
+                "live): the job goes on on the other hosts without this one, so no restart (--max_restarts "
+                "restarts the job only when it fails as a whole)")
+            log_event(config.log_dir, f"no round: {failure.describe() if failure else 'this host ended'}; "
+                                      "the job goes on without this host")
+            return conclude(config.log_dir, code, failures, config.max_restarts)
+        say(f"membership change: {change}; restart {len(failures) + 1} becomes round {regroup.round + 1} "
+            "of the job, its worker slots re-made")
+    if failure is None:
+        lost = regroup.monitor.lost_hosts()
+        failure = (regroup.loss_failure(attempt, failures, 0.0) if lost else
+                   Failure(attempt, "job", -1, host, None, "must re-form", change, time.time()))
+    failures.append(failure)
+    decision = decide_restart(config.log_dir, failures, config.max_restarts, config.restart_from_scratch,
+                              noted_checkpoint_dirs(state))
+    if decision is not None:
+        return decision
+    keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
+    return _next_round(config, regroup, change or failure.describe(), failures, signals)
+
+
+def _wait_for_round(config, regroup, signals):
+    """After a failure of a worker here: wait up to the loss window for a change of the
+    job (a lost server host, fewer than MIN slots, a round begun elsewhere). Returns its
+    sentence, or None (also on a signal). Blocks."""
+    window = _loss_window(config, regroup)
+    say(f"waiting up to {window:g} s for a change of the job (a lost server host, a round begun "
+        "elsewhere, fewer than MIN workers) before leaving it")
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline and not signals.received:
+        change = regroup.monitor.poll()
+        if change:
+            return change
+        time.sleep(0.05)
+    return None
 
 
 def _end_on_cut_off(config, regroup, change, failures):

@@ -106,7 +106,8 @@ class ParameterServer(ElasticOps, SaveOps):
         ConfigError: dc_asgd together with merge_pushes other than 1; an elastic sync job.
     """
 
-    def __init__(self, endpoint, plan, initial, dc_asgd=False, merge_pushes=1, worker_endpoints=(), elastic=None):
+    def __init__(self, endpoint, plan, initial, dc_asgd=False, merge_pushes=1, worker_endpoints=(), elastic=None,
+                 expected=None):
         self.endpoint = endpoint
         self.worker_endpoints = tuple(worker_endpoints)  # for messages: where a lost worker ran
         self.plan = plan
@@ -134,8 +135,11 @@ class ParameterServer(ElasticOps, SaveOps):
                 raise ConfigError(f"server {endpoint}: no initial value for {pplan.name!r}")
             value = block.rows_of(np.asarray(full, dtype=np.float32))
             self.blocks[block.name] = (pplan, block, DenseTable(block.name, value, rule, track_workers=track))
-        # Elastic: ids 0..MIN-1 are expected from the start; the others join when first heard.
+        # Elastic: ids 0..MIN-1 (or ``expected``: a round's slots) are expected from the start;
+        # the others join when first heard.
         self.live = set(range(self.workers if self.elastic is None else min(self.elastic[0], self.workers)))
+        if self.elastic is not None and expected is not None:
+            self.live = {int(w) for w in expected}
         self._pending = {}  # merged async pushes: name -> gradients not applied yet
         self._pending_pushes = 0
         self.merge_pushes = int(merge_pushes) if self.mode in ("async", "half_async") else 1

@@ -226,3 +226,15 @@ def test_a_multi_host_elastic_config_starts_its_local_slots_and_admits_by_id():
     assert config.here("worker") == (1,) and config.initial_workers == 1
     env = process_environment(config, "worker", 2, base={})
     assert (env["FLEET_ELASTIC"], env["PADDLE_TRAINER_ID"], env["POD_IP"]) == ("1:3", "2", "10.0.0.2")
+
+
+def test_a_rounds_server_expects_the_rounds_slots_so_a_reduction_does_not_wait_for_a_lost_hosts_id():
+    plain = make_server("async", workers=3)
+    init = {"w": np.ones((7, 2), np.float32), "b": np.zeros(2, np.float32), "t": np.full((100, 3), 2.0, np.float32)}
+    ps = ParameterServer(ENDPOINT, plain.plan, init, elastic=(2, 3), expected=(0, 2))  # slot 1's host was lost
+    assert ps.live == {0, 2}
+    first = handle(ps, "reduce", 0, ["a0"], [np.array([1.0])], {"reduce": "sum"})
+    assert not first.answered
+    last = handle(ps, "reduce", 2, ["a0"], [np.array([2.0])], {"reduce": "sum"})
+    assert first.answer[0] == "ok" and last.answer[0] == "ok"
+    assert elastic_server(low=2, high=3).live == {0, 1}  # without: ids 0..MIN-1

@@ -111,10 +111,6 @@ def _args(*argv):
     (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--np", "2:3",
       "--worker_num_per_host", "4"],
      "--worker_num_per_host 4 must be in 0..3 (the job's total)"),
-    (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--np", "2:4", "--max_restarts", "1"],
-     "--max_restarts 1 with --np 2:4 and --elastic_server: worker slots across hosts are not restarted "
-     "(docs/elastic.md); leave out --max_restarts (lost workers and hosts of workers only are tolerated while MIN "
-     "workers live), or give a fixed --worker_num instead of --np to restart the job from its checkpoints"),
     (["--elastic_server", "e:2379", "--job_id", "j", "--server_num", "1", "--np", "3:2"],
      "--np='3:2' is not MIN:MAX with 1 <= MIN <= MAX"),
     (["--elastic_server", "e", "--job_id", "j", "--server_num", "1", "--worker_num", "1"],
@@ -144,3 +140,12 @@ def test_the_environment_names_etcd_and_the_job_as_paddle_does(monkeypatch):
     assert rdv.where == "job 'ctr7' at etcd 10.0.0.9:2379"
     assert rdv.me.servers == () and rdv.me.workers == ("10.0.0.1:7000",)
     assert rdv.host_source == "--host"
+
+
+def test_max_restarts_with_np_and_etcd_is_accepted_and_the_job_is_elastic(monkeypatch):
+    monkeypatch.delenv("PADDLE_ELASTIC_JOB_ID", raising=False)
+    rdv = rendezvous_from_args(_args("--elastic_server", "10.0.0.9:2379", "--job_id", "j", "--server_num", "1",
+                                     "--np", "2:4", "--max_restarts", "1", "--worker_num_per_host", "2",
+                                     "--host", "10.0.0.1", "--insecure", "--start_port", "7000"))
+    assert (rdv.elastic, rdv.server_num, rdv.worker_num) == ((2, 4), 1, 4)
+    assert rdv.me.servers == ("10.0.0.1:7000",) and rdv.me.workers == ("10.0.0.1:7001", "10.0.0.1:7002")

@@ -195,7 +195,8 @@ def test_a_host_cut_off_from_etcd_ends_its_job_as_without_restarts(tmp_path, cap
 
 def test_a_ready_record_that_is_not_fleets_is_refused_with_the_fix():
     from fleet.launch.etcd_rounds import _ready_record
-    assert _ready_record('{"addr": "10.0.0.1", "ports": [6172, 6173]}') == ("10.0.0.1", [6172, 6173])
+    assert _ready_record('{"addr": "10.0.0.1", "ports": [6172, 6173]}') == (
+        "10.0.0.1", {"addr": "10.0.0.1", "ports": [6172, 6173]})
     with pytest.raises(RendezvousError) as e:
         _ready_record('{"addr": "10.0.0.1"}')
     assert str(e.value) == ("a ready record '{\"addr\": \"10.0.0.1\"}' of this job in etcd is not "
