@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests import etcd_server
+
 FLEETRUN = (sys.executable, "-m", "fleet.launch")
 
 
@@ -100,3 +102,17 @@ def clean_env():
 # tests/integration/scripts holds the scripts the tests run (one is named test_dist_fleet_base.py
 # after Paddle's module it rebuilds): not test modules.
 collect_ignore = ["scripts"]
+
+
+@pytest.fixture
+def etcd(tmp_path, free_port):
+    """A real etcd (Debian's etcd-server, /usr/bin/etcd) on loopback at free ports, stopped
+    at teardown; a machine without it fails the test saying how to install it."""
+    problem = etcd_server.missing()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    server = etcd_server.EtcdServer("127.0.0.1", free_port(), free_port(), tmp_path / "etcd")
+    try:
+        yield server.start()
+    finally:
+        server.stop()

@@ -14,28 +14,9 @@ import pytest
 from fleet.errors import RendezvousError
 from fleet.launch.etcd_client import EtcdClient
 from fleet.launch.etcd_rendezvous import HostRecord, Rendezvous, host_endpoints
-from tests import etcd_server
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def etcd(tmp_path, free_port):
-    problem = etcd_server.missing()
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    server = etcd_server.EtcdServer("127.0.0.1", free_port(), free_port(), tmp_path / "etcd")
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-
-
-def _until(condition, seconds, what):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {seconds} s"
-        time.sleep(0.05)
 
 
 def test_keys_are_put_read_by_prefix_created_once_and_deleted(etcd):
@@ -68,7 +49,7 @@ def test_a_lease_keeps_its_key_while_renewed_and_its_end_deletes_it(etcd):
     assert client.keepalive(lease) == 0  # gone: renewing says so instead of failing
     short = client.grant_lease(1)
     client.put("/l/short", "y", lease=short)
-    _until(lambda: not client.range("/l/short")[0], 10, "a 1 s lease without keepalive expires")
+    wait_for(lambda: not client.range("/l/short")[0], 10, "a 1 s lease without keepalive expires")
 
 
 def test_a_watch_sees_puts_and_deletes_in_order_from_a_revision(etcd):
@@ -134,7 +115,7 @@ def _join_all(etcd, job, records, server_num, worker_num, ttl=5, wait_s=20):
         threads.append(threading.Thread(target=run))
         threads[-1].start()
         # registration order = rank order: let each register before the next starts
-        _until(lambda: rdv.lease or rdv.me.addr in errors, 10, f"host {i} registers")
+        wait_for(lambda: rdv.lease or rdv.me.addr in errors, 10, f"host {i} registers")
         time.sleep(0.05)
     for t in threads:
         t.join(30)
@@ -165,7 +146,7 @@ def test_hosts_that_register_in_turn_all_read_the_same_ranks(etcd):
         rdvs[2].leave(0)
         rdvs[1].monitor.stop()
         rdvs[1].client.revoke_lease(rdvs[1].lease)
-        _until(lambda: rdvs[0].monitor.poll() is not None, 10, "host 1 sees host 2 lost")
+        wait_for(lambda: rdvs[0].monitor.poll() is not None, 10, "host 1 sees host 2 lost")
         assert rdvs[0].monitor.poll() == (
             f"host 10.9.9.2 (server 1, worker 1) was lost from job 'job-a' at etcd "
             f"{etcd.endpoint}: its registration expired (no keepalive for 5 s: the host is "
@@ -211,7 +192,7 @@ def test_etcd_going_away_is_noticed_and_no_membership_change(etcd):
     try:
         assert errors == {}
         etcd.kill()
-        _until(lambda: rdvs[0].monitor.etcd_down() is not None, 10, "etcd's loss is noticed")
+        wait_for(lambda: rdvs[0].monitor.etcd_down() is not None, 10, "etcd's loss is noticed")
         seconds, error = rdvs[0].monitor.etcd_down()
         assert error.startswith(f"etcd at {etcd.endpoint} did not answer a keepalive of lease")
         assert rdvs[0].monitor.poll() is None  # etcd gone is not a change of membership
@@ -267,7 +248,7 @@ def test_a_second_fleetrun_on_the_same_address_is_refused(etcd):
     first = Rendezvous(client, "job-f", _host(1), 2, 2, 5, 2)
     waiter = threading.Thread(target=lambda: pytest.raises(RendezvousError, first.join))
     waiter.start()
-    _until(lambda: first.lease, 10, "the first registers")
+    wait_for(lambda: first.lease, 10, "the first registers")
     time.sleep(0.1)
     try:
         with pytest.raises(RendezvousError) as e:

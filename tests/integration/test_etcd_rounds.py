@@ -2,7 +2,6 @@
 processes) form a job, one host's lease ends, and the survivors re-form without it; a
 survivor that never gets ready is named; the last host out removes the rounds' keys."""
 import threading
-import time
 import types
 
 import pytest
@@ -11,31 +10,12 @@ from fleet.errors import RendezvousError
 from fleet.launch.etcd_client import EtcdClient
 from fleet.launch.etcd_rendezvous import HostRecord, Rendezvous, host_endpoints
 from fleet.launch.etcd_rounds import Regroup
-from tests import etcd_server
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
 SHARES = {1: (1, 1), 2: (1, 1), 3: (0, 1)}  # the cluster tests' layout
 NO_SIGNAL = types.SimpleNamespace(received=0)
-
-
-@pytest.fixture
-def etcd(tmp_path, free_port):
-    problem = etcd_server.missing()
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    server = etcd_server.EtcdServer("127.0.0.1", free_port(), free_port(), tmp_path / "etcd")
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-
-
-def _until(condition, seconds, what):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {seconds} s"
-        time.sleep(0.05)
 
 
 def _form(etcd, job, wait_s=10):
@@ -48,7 +28,7 @@ def _form(etcd, job, wait_s=10):
     threads = [threading.Thread(target=r.join) for r in rdvs]
     for t, r in zip(threads, rdvs):
         t.start()
-        _until(lambda: r.lease, 10, "the host registers")  # registration order = rank order
+        wait_for(lambda: r.lease, 10, "the host registers")  # registration order = rank order
     for t in threads:
         t.join(30)
     assert all(r.monitor is not None for r in rdvs)
@@ -86,7 +66,7 @@ def test_the_survivors_re_form_without_the_lost_host_and_its_ranks_move_by_reass
             _lose(h2)
         else:
             h2.leave(1)  # its done/ record says it failed; its lease is revoked
-        _until(lambda: h1.monitor.poll() and h3.monitor.poll(), 10, "both survivors see the loss")
+        wait_for(lambda: h1.monitor.poll() and h3.monitor.poll(), 10, "both survivors see the loss")
         assert h1.monitor.lost_hosts() == ["127.0.0.2"] and not h1.monitor.cut_off()
         assert h1.monitor.why_lost("127.0.0.2") == (
             "its registration expired (no keepalive for 2 s)" if how == "lease expired"
@@ -108,7 +88,7 @@ def test_the_survivors_re_form_without_the_lost_host_and_its_ranks_move_by_reass
         # the new round is watched: host 3 leaving with a failure is the next change
         assert h1.monitor.plan == plan and h1.monitor.poll() is None
         h3.leave(1)
-        _until(lambda: h1.monitor.poll(), 10, "host 1 sees host 3 leave")
+        wait_for(lambda: h1.monitor.poll(), 10, "host 1 sees host 3 leave")
         assert h1.monitor.poll() == (f"host 127.0.0.3 (worker 2) left job 'round-a' at etcd "
                                      f"{etcd.endpoint}: its fleetrun exited 1")
     finally:
@@ -122,7 +102,7 @@ def test_a_survivor_that_does_not_get_ready_is_named_when_the_round_times_out(et
     try:
         regroup = Regroup(h1, h1.monitor.plan, lambda plan: plan)
         _lose(h2)
-        _until(lambda: h1.monitor.poll(), 10, "host 1 sees the loss")
+        wait_for(lambda: h1.monitor.poll(), 10, "host 1 sees the loss")
         results = _next_rounds([regroup])  # host 3 never stops its processes
         assert results == {"127.0.0.1": (
             f"round 1 of job 'round-b' at etcd {etcd.endpoint} did not form within 2 s "

@@ -14,31 +14,12 @@ from fleet.launch.etcd_client import EtcdClient
 from fleet.launch.etcd_rendezvous import HostRecord, Rendezvous, host_endpoints
 from fleet.launch.etcd_slot_rounds import SlotRegroup, join_newest_round
 from fleet.launch.etcd_slots import SlotRegistry, describe_slots, read_slots, slot_endpoints
-from tests import etcd_server
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
 SHARES = {1: (0, 1), 2: (1, 1), 3: (0, 1)}  # the cluster test's layout
 NO_SIGNAL = types.SimpleNamespace(received=0)
-
-
-@pytest.fixture
-def etcd(tmp_path, free_port):
-    problem = etcd_server.missing()
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    server = etcd_server.EtcdServer("127.0.0.1", free_port(), free_port(), tmp_path / "etcd")
-    try:
-        yield server.start()
-    finally:
-        server.stop()
-
-
-def _until(condition, seconds, what):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {seconds} s"
-        time.sleep(0.05)
 
 
 def _rdv(etcd, job, i, servers, workers):
@@ -52,7 +33,7 @@ def _form(etcd, job):
     threads = [threading.Thread(target=r.join) for r in rdvs]
     for t, r in zip(threads, rdvs):
         t.start()
-        _until(lambda: r.lease, 10, "the host registers")  # registration order = rank order
+        wait_for(lambda: r.lease, 10, "the host registers")  # registration order = rank order
     for t in threads:
         t.join(30)
     assert all(r.monitor is not None for r in rdvs)
@@ -89,7 +70,7 @@ def test_a_lost_server_host_re_forms_the_job_with_the_server_moved_and_the_slots
         h2.monitor.stop()
         h2.client.revoke_lease(h2.lease)  # h2 is lost
         lost_at = time.monotonic()
-        _until(lambda: regroups[0].monitor.poll() and regroups[2].monitor.poll(), 10, "both survivors see it")
+        wait_for(lambda: regroups[0].monitor.poll() and regroups[2].monitor.poll(), 10, "both survivors see it")
         assert regroups[0].monitor.lost_hosts() == ["127.0.0.2"]
         results = {}
 
@@ -113,7 +94,7 @@ def test_a_lost_server_host_re_forms_the_job_with_the_server_moved_and_the_slots
         err = capsys.readouterr().err
         assert "fleetrun: round 1: server 0 moves from 127.0.0.2 to 127.0.0.1" in err
         assert (f"round 1 of job 'np-round' at etcd {etcd.endpoint} formed in " in err
-                and f" s: 127.0.0.1: server 0, slot 0; 127.0.0.3: slot 2\n" in err), err
+                and " s: 127.0.0.1: server 0, slot 0; 127.0.0.3: slot 2\n" in err), err
         slots, _ = read_slots(h1.client, h1.prefix, g1.plan, 3, g1.assigned)
         assert describe_slots(slots) == "slot 0: live on 127.0.0.1; slot 1: never taken; slot 2: live on 127.0.0.3"
         # the freed slot 2 and the lost slot 1 never counted against MIN 2 in round 1
@@ -146,7 +127,7 @@ def test_a_failed_server_on_a_live_host_is_seen_by_the_others_as_a_round_begun(e
         results = {}
         t = threading.Thread(target=lambda: results.setdefault("h2", regroups[1].next_round(NO_SIGNAL)))
         t.start()  # h2's server failed: it stops and gets ready for round 1
-        _until(lambda: regroups[0].monitor.poll() and regroups[2].monitor.poll(), 10, "h1 and h3 see the round")
+        wait_for(lambda: regroups[0].monitor.poll() and regroups[2].monitor.poll(), 10, "h1 and h3 see the round")
         assert regroups[0].monitor.poll() == (
             f"host 127.0.0.2 began round 1 of job 'np-begun' at etcd {etcd.endpoint} (it stopped its processes "
             "after a failure): this host stops its processes and joins the round (--max_restarts)")

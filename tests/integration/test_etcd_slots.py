@@ -12,21 +12,8 @@ from fleet.errors import RendezvousError
 from fleet.launch.etcd_client import EtcdClient
 from fleet.launch.etcd_rendezvous import HostRecord, Rendezvous, host_endpoints
 from fleet.launch.etcd_slots import SlotRegistry, describe_slots, read_slots
-from tests import etcd_server
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def etcd(tmp_path, free_port):
-    problem = etcd_server.missing()
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    server = etcd_server.EtcdServer("127.0.0.1", free_port(), free_port(), tmp_path / "etcd")
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 def _host(i, servers, workers):
