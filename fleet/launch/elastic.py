@@ -140,23 +140,25 @@ class ElasticPolicy:
             # A host of workers only whose every worker was lost, none finishing: it has
             # nothing left to run and must not say "done" (its workers may have died with
             # the server's host). The job goes on elsewhere while MIN workers live.
-            names = ", ".join(f"{ch.name} ({ch.describe_exit()})" for ch in self.lost)
-            say(f"every worker of this host was lost and none finished the data: {names}; this host leaves "
-                f"(the job goes on on the other hosts while --np {self.low}:{self.high}'s minimum live)")
-            for ch in self.lost:
-                ch.tolerated = False
+            self._fail("every worker of this host was lost and none finished the data: {names}; this host leaves "
+                       f"(the job goes on on the other hosts while --np {self.low}:{self.high}'s minimum live)")
             return
         # Multi-host (slots placed by a rendezvous): MIN counts every host's workers, which
         # the rendezvous knows; this host only tolerates its lost workers.
         if (self.lost and not self.data_done() and not self.job.config.multi_host
                 and len(self.running()) < self.low):
-            names = ", ".join(f"{ch.name} ({ch.describe_exit()})" for ch in self.lost)
-            say(f"only {plural(len(self.running()), 'worker')} left, fewer than --np {self.low}:{self.high}'s "
-                f"minimum {self.low}: the job fails. Lost: {names}")
-            for ch in self.lost:
-                ch.tolerated = False
+            self._fail(f"only {plural(len(self.running()), 'worker')} left, fewer than --np {self.low}:{self.high}'s "
+                       f"minimum {self.low}: the job fails. Lost: {{names}}")
             return
         self._handle_requests()
+
+    def _fail(self, text):
+        """Says ``text`` ({names}: the lost workers and how each ended) and un-tolerates the
+        lost workers, so the job loop fails with the first of them as the root cause."""
+        names = ", ".join(f"{ch.name} ({ch.describe_exit()})" for ch in self.lost)
+        say(text.format(names=names))
+        for ch in self.lost:
+            ch.tolerated = False
 
     def workers_done(self):
         """True once no worker runs and every worker exited 0 or was lost, one exiting 0;
