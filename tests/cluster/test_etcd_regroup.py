@@ -67,6 +67,13 @@ def test_a_host_lost_mid_training_moves_its_ranks_to_the_survivors_and_the_job_f
     started = {}
     for h in cluster.hosts:  # in turn: registration order is rank order
         started[h.name] = _fleetrun(h, tmp_path, etcd, ctr_data, model, ckpt, ctr_keys, env)
+        # Registered once it says so (then one call to etcd): on a loaded machine a fixed
+        # sleep let h3 register before h2, which gave h2 worker 2 instead of worker 1.
+        deadline = time.monotonic() + 60
+        while "registering this host" not in (tmp_path / h.name / "stderr").read_text():
+            assert started[h.name][0].poll() is None, (tmp_path / h.name / "stderr").read_text()
+            assert time.monotonic() < deadline, f"{h.name}'s fleetrun did not register within 60 s"
+            time.sleep(0.05)
         time.sleep(0.5)
     deadline = time.monotonic() + 150
     while not (ckpt / "ckpt-40").is_dir():
