@@ -66,6 +66,14 @@ def _unb64(text):
     return base64.b64decode(text or "").decode("utf-8", "replace")
 
 
+def _key_range(key, prefix):
+    """The gateway's {"key"[, "range_end"]} of one key, or of every key under a prefix."""
+    body = {"key": _b64(key)}
+    if prefix:
+        body["range_end"] = _b64(prefix_end(key))
+    return body
+
+
 def prefix_end(prefix):
     """The range end that makes a range or watch cover every key starting with prefix."""
     raw = bytearray(prefix.encode())
@@ -143,10 +151,7 @@ class EtcdClient:
         Raises:
             RendezvousError: etcd did not answer or refused.
         """
-        body = {"key": _b64(key)}
-        if prefix:
-            body["range_end"] = _b64(prefix_end(key))
-        answer = self._call("/v3/kv/range", body, f"a read of {key!r}")
+        answer = self._call("/v3/kv/range", _key_range(key, prefix), f"a read of {key!r}")
         return ([_kv(item) for item in answer.get("kvs", [])],
                 int(answer.get("header", {}).get("revision", 0)))
 
@@ -180,8 +185,7 @@ class EtcdClient:
                                                  **({"lease": str(lease)} if lease else {}))}],
                 "failure": [{"request_range": {"key": _b64(key)}}]}
         if clear_prefix:
-            body["success"].insert(0, {"request_delete_range": {
-                "key": _b64(clear_prefix), "range_end": _b64(prefix_end(clear_prefix))}})
+            body["success"].insert(0, {"request_delete_range": _key_range(clear_prefix, True)})
         answer = self._call("/v3/kv/txn", body, f"a create of {key!r}")
         if answer.get("succeeded"):
             revision = int(answer.get("header", {}).get("revision", 0))
@@ -214,10 +218,7 @@ class EtcdClient:
         Raises:
             RendezvousError: etcd did not answer or refused.
         """
-        body = {"key": _b64(key)}
-        if prefix:
-            body["range_end"] = _b64(prefix_end(key))
-        answer = self._call("/v3/kv/deleterange", body, f"a delete of {key!r}")
+        answer = self._call("/v3/kv/deleterange", _key_range(key, prefix), f"a delete of {key!r}")
         return int(answer.get("deleted", 0))
 
     # -- leases ------------------------------------------------------------------------
@@ -265,9 +266,7 @@ class EtcdClient:
         Raises:
             RendezvousError: etcd did not answer, refused, or did not confirm the watch.
         """
-        request = {"key": _b64(key)}
-        if prefix:
-            request["range_end"] = _b64(prefix_end(key))
+        request = _key_range(key, prefix)
         if start_revision:
             request["start_revision"] = str(start_revision)
         return Watch(self, json.dumps({"create_request": request}).encode(), key)

@@ -32,13 +32,13 @@ Thread-safety: a :class:`Regroup` is driven by the thread that runs the job.
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 from fleet.endpoints import join_endpoint, parse_endpoint
 from fleet.errors import RendezvousError
 from fleet.launch.etcd_membership import MembershipMonitor
 from fleet.launch.etcd_rendezvous import TIMEOUT_ENV, HostRecord, JobPlan
+from fleet.launch.local import probe_port
 from fleet.launch.replacement import Share, reassign
 from fleet.launch.report import SAY_LOGGER, plural, say
 from fleet.launch.restart import Failure
@@ -119,16 +119,12 @@ def max_port(plan, addr):
 
 
 def free_ports(addr, above, count):
-    """count ports above ``above`` that can be bound on addr now, ascending."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    """count ports above ``above`` that a server could bind on addr now, ascending (the
+    check fleetrun makes before it starts processes: ``fleet.launch.local.probe_port``)."""
     found, port = [], above + 1
     while len(found) < count and port < 65536:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((addr, port))
-                found.append(port)
-            except OSError:
-                pass
+        if probe_port(addr, port) is None:
+            found.append(port)
         port += 1
     return found
 

@@ -80,14 +80,14 @@ def _check_ready(config):
             host, port = parse_endpoint(endpoint, f"{role} {i}'s endpoint")
             if binds_any(config, role, i):
                 host = "::" if ":" in host else "0.0.0.0"
-            problem = _probe_port(host, port)
+            problem = probe_port(host, port)
             if problem:
                 problems.append(f"{role} {i}'s endpoint {endpoint}: {problem}")
     for role, i in _processes_here(config):
         port = config.metrics_port_of(role, i)
         if port is not None:
             host = _metrics_bind_host(config, role, i)
-            problem = _probe_port(host, port)
+            problem = probe_port(host, port)
             if problem:
                 problems.append(f"{role} {i}'s metrics port {port} (--metrics_port "
                                 f"{config.metrics_port} + {port - config.metrics_port}): {problem}")
@@ -126,8 +126,9 @@ def metrics_url(config, role, index):
     return f"http://{join_endpoint(host, config.metrics_port_of(role, index))}/metrics"
 
 
-def _probe_port(host, port):
-    """None if a server could bind host:port now, else what is wrong, as a phrase."""
+def probe_port(host, port):
+    """None if a server could bind host:port now (as servers do, with SO_REUSEADDR), else
+    what is wrong, as a phrase. Never blocks."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port,
                                                              type=socket.SOCK_STREAM)[0]

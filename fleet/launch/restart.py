@@ -67,6 +67,12 @@ class Failure:
     error: str
     time: float
 
+    @classmethod
+    def of_child(cls, attempt, child, host):
+        """The Failure of a failed process of this host (a ``fleet.launch.local._Child``)."""
+        return cls(attempt, child.role, child.index, host, child.popen.pid, child.describe_exit(),
+                   child.error_line(), child.exit_wall_time or time.time())
+
     def describe(self):
         """"worker 1 (pid 4242) on host h1 was killed by SIGKILL: <error>" (no index when < 0)."""
         pid = f" (pid {self.pid})" if self.pid is not None else ""
@@ -126,27 +132,34 @@ def run_with_restarts(config, make_job, signals, regroup=None):
             continue
         if code != EXIT_PROCESS_FAILED or cause is None or signals.received:
             return conclude(config.log_dir, code, failures, config.max_restarts)
-        failures.append(Failure(attempt, cause.role, cause.index, host, cause.popen.pid,
-                                cause.describe_exit(), cause.error_line(),
-                                cause.exit_wall_time or time.time()))
-        decision = decide_restart(config.log_dir, failures, config.max_restarts,
-                                  config.restart_from_scratch, noted_checkpoint_dirs(state))
+        decision = _count_restart(config, Failure.of_child(attempt, cause, host), failures, state, job)
         if decision is not None:
             return decision
-        keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
         monitor = regroup.monitor if regroup is not None else None
         if config.multi_host and not settle_other_hosts(config, failures[-1].time, signals, monitor):
             return conclude(config.log_dir, 128 + signals.received, failures, config.max_restarts)
         attempt += 1
-        if monitor is not None and monitor.poll():
+        change = monitor.poll() if monitor is not None else None
+        if change:
             # The host whose loss failed the processes is gone: this restart becomes the new round.
-            code = _end_on_cut_off(config, regroup, monitor.poll(), failures)
+            code = _end_on_cut_off(config, regroup, change, failures)
             if code is None:
-                say(f"membership change during the wait: {monitor.poll()}; restart {len(failures)} "
+                say(f"membership change during the wait: {change}; restart {len(failures)} "
                     f"becomes round {regroup.round + 1} of the job, without the lost host")
-                code = _next_round(config, regroup, monitor.poll(), failures, signals)
+                code = _next_round(config, regroup, change, failures, signals)
             if code is not None:
                 return code
+
+
+def _count_restart(config, failure, failures, state, job):
+    """Records ``failure``, says and logs the restart (decide_restart) and keeps the ended
+    attempt's logs. Returns None to restart, else fleetrun's exit code."""
+    failures.append(failure)
+    decision = decide_restart(config.log_dir, failures, config.max_restarts,
+                              config.restart_from_scratch, noted_checkpoint_dirs(state))
+    if decision is None:
+        keep_attempt_logs(config.log_dir, failure.attempt, [ch.log_path for ch in job.children])
+    return decision
 
 
 def _heal(config, regroup, job, attempt, failures, state, signals):
@@ -162,13 +175,11 @@ def _heal(config, regroup, job, attempt, failures, state, signals):
         log_event(config.log_dir, f"attempt {attempt} ended by a membership change within "
                                   f"{_loss_window(config, regroup):g} s of the failure it restarted "
                                   f"for (counted once): {change}")
+        keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
     else:
-        failures.append(failure)
-        decision = decide_restart(config.log_dir, failures, config.max_restarts,
-                                  config.restart_from_scratch, noted_checkpoint_dirs(state))
+        decision = _count_restart(config, failure, failures, state, job)
         if decision is not None:
             return decision
-    keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
     return _next_round(config, regroup, change, failures, signals)
 
 
@@ -183,10 +194,7 @@ def _slot_round(config, regroup, job, code, attempt, failures, state, signals):
     if regroup.monitor.cut_off():
         return _end_on_cut_off(config, regroup, change or regroup.monitor.poll(), failures)
     host = config.host or socket.gethostname()
-    failure = None
-    if cause is not None:
-        failure = Failure(attempt, cause.role, cause.index, host, cause.popen.pid, cause.describe_exit(),
-                          cause.error_line(), cause.exit_wall_time or time.time())
+    failure = Failure.of_child(attempt, cause, host) if cause is not None else None
     if change is None and (cause is None or cause.role != "server"):
         change = _wait_for_round(config, regroup, signals)
         if signals.received:
@@ -205,12 +213,9 @@ def _slot_round(config, regroup, job, code, attempt, failures, state, signals):
         lost = regroup.monitor.lost_hosts()
         failure = (regroup.loss_failure(attempt, failures, 0.0) if lost else
                    Failure(attempt, "job", -1, host, None, "must re-form", change, time.time()))
-    failures.append(failure)
-    decision = decide_restart(config.log_dir, failures, config.max_restarts, config.restart_from_scratch,
-                              noted_checkpoint_dirs(state))
+    decision = _count_restart(config, failure, failures, state, job)
     if decision is not None:
         return decision
-    keep_attempt_logs(config.log_dir, attempt, [ch.log_path for ch in job.children])
     return _next_round(config, regroup, change or failure.describe(), failures, signals)
 
 
