@@ -15,6 +15,9 @@ stopped together. ``fleetrun --help`` is the manual.
 The package's parts:
 
 - `fleet.launch.cli`: the command line (``build_parser``, ``config_from_args``, ``main``);
+- `fleet.launch.from_args`: this host's ``LaunchConfig`` and the job's keys from the arguments;
+- `fleet.launch.hosts`: ``--hosts``: a job on several hosts over ssh, from one command;
+- `fleet.launch.etcd_launch`: ``--elastic_server``: hosts that meet in etcd (rounds, slots);
 - `fleet.launch.config`: ``LaunchConfig`` and ``process_environment``;
 - `fleet.launch.local`: the processes of this host (``launch``);
 - `fleet.launch.restart`: ``--max_restarts``: restarting the whole job after a failure;

@@ -2,31 +2,25 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-import signal
 import socket
 import sys
 import textwrap
 
 from fleet.endpoints import parse_endpoint
-from fleet.envvars import env_int
 from fleet.elastic import parse_np
-from fleet.errors import ConfigError, FleetError, RendezvousError
+from fleet.errors import ConfigError, FleetError
 from fleet.launch.config import (DEFAULT_FAILURE_GRACE, EXIT_PROCESS_FAILED, EXIT_USAGE,
                                  LaunchConfig, _check_unique)
-from fleet.launch import etcd_rendezvous as rdv_module
-from fleet.launch import etcd_slots as slots_module
 from fleet.launch import hosts as hosts_module
 from fleet.launch.elastic import request_add_workers
-from fleet.launch.etcd_rounds import Regroup
-from fleet.launch.etcd_slot_rounds import SlotRegroup, join_newest_round
+from fleet.launch.etcd_launch import elastic_server, launch_with_etcd
+from fleet.launch.from_args import keys_dir, make_config, make_keys
 from fleet.launch.local import launch
 from fleet.launch.hostfile import DEFAULT_REMOTE_DIR, parse_hosts
 from fleet.launch.preflight import PREFLIGHT_SECONDS
-from fleet.launch.report import plural, say
-from fleet.launch.this_host import interface_addresses, place
-from fleet.transport.curve import CurveConfig, generate_keys
+from fleet.launch.report import say
+from fleet.launch.this_host import place
 
 _DESCRIPTION = """\
 Start the parameter servers and workers of a fleet training script on this host,
@@ -375,7 +369,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             raise ConfigError(f"--worker_num {worker_num} with --server_num 0: without servers "
                               "fleetrun runs the script once, for local training; give "
                               "--server_num 1 or more to train with several workers")
-        return _make_config(args, (), ())
+        return make_config(args, (), ())
     if worker_num < 1:
         raise ConfigError(f"--worker_num {worker_num}: "
                           f"{'a collective job needs' if args.collective else 'servers need'} at least one "
@@ -388,12 +382,12 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     nic = args.nic or os.environ.get("PADDLE_NIC", "").strip() or None
     placement = place(servers, workers, host=host, host_source=source, nic=nic)
     if placement.whole_job:
-        return _make_config(args, servers, workers, keys_dir=_keys_dir(args, False))
-    return _make_config(args, servers, workers, local_servers=placement.servers,
+        return make_config(args, servers, workers, keys_dir=keys_dir(args, False))
+    return make_config(args, servers, workers, local_servers=placement.servers,
                         local_workers=placement.workers, bind_any=placement.bind_any,
                         bind_any_workers=placement.bind_any_workers,
                         host=placement.name,
-                        keys_dir=_keys_dir(args, True))
+                        keys_dir=keys_dir(args, True))
 
 
 def _elastic_config(args, servers, workers, server_num):
@@ -412,62 +406,8 @@ def _elastic_config(args, servers, workers, server_num):
     if not placement.whole_job:
         raise ConfigError(f"--np {args.np} runs every worker slot on this host, but the endpoints name other "
                           f"hosts: run an elastic job on one host (docs/elastic.md)")
-    return _make_config(args, servers, workers, keys_dir=_keys_dir(args, False), elastic=(low, high),
+    return make_config(args, servers, workers, keys_dir=keys_dir(args, False), elastic=(low, high),
                         initial_workers=initial, worker_replacements=args.worker_replacements)
-
-
-def _keys_dir(args, multi_host):
-    """The --keys_dir to give every process, after checking the job's encryption choice."""
-    if args.insecure and args.keys_dir:
-        raise ConfigError("--insecure and --keys_dir contradict each other: give --keys_dir to "
-                          "encrypt the job, or --insecure (and no keys) not to")
-    if args.keys_dir:
-        try:
-            CurveConfig.from_dir(args.keys_dir)
-        except (ConfigError, FleetError) as e:
-            raise ConfigError(f"--keys_dir {args.keys_dir!r}: {e}") from e
-        return args.keys_dir
-    if multi_host and not args.insecure and CurveConfig.from_env() is None:
-        raise ConfigError(
-            "this job spans several hosts, and fleetrun encrypts such a job (CURVE) so that "
-            "nobody else on the network can read or push updates: make keys once with "
-            "`fleetrun --make_keys DIR`, copy DIR to every host (owner-only), and give "
-            "--keys_dir DIR (or set FLEET_CURVE_KEYS_DIR=DIR); or pass --insecure on a network "
-            "you trust")
-    return None
-
-
-def make_keys(directory):
-    """Write a new CURVE key directory for a job: private directory, owner-only files.
-
-    Raises:
-        ConfigError: the directory exists and is not empty, or cannot be written.
-    """
-    if os.path.exists(directory) and os.listdir(directory):
-        raise ConfigError(f"--make_keys {directory!r} exists and is not empty; give a new "
-                          "directory (keys are never overwritten)")
-    try:
-        generate_keys(directory)
-        for root, _, files in os.walk(directory):
-            os.chmod(root, 0o700)
-            for name in files:
-                os.chmod(os.path.join(root, name), 0o600)
-    except OSError as e:
-        raise ConfigError(f"cannot write keys to {directory!r} ({e.strerror}); give a "
-                          "writable directory") from e
-
-
-def _make_config(args, servers, workers, **more):
-    return LaunchConfig(training_script=args.training_script,
-                        script_args=tuple(args.training_script_args),
-                        server_endpoints=servers, worker_endpoints=workers,
-                        log_dir=args.log_dir, server_exit_timeout=args.server_exit_timeout,
-                        kill_timeout=args.kill_timeout, timeout=args.timeout,
-                        failure_grace=args.failure_grace,
-                        stop_on_stdin_eof=args.stop_on_stdin_eof, result_json=args.result_json,
-                        metrics_port=args.metrics_port, live_summary=args.live_summary,
-                        collective=args.collective, max_restarts=args.max_restarts,
-                        restart_from_scratch=args.restart_from_scratch, **more)
 
 
 def _split_endpoints(text, option):
@@ -584,201 +524,6 @@ def _check_no_hosts_options(args, elastic=False):
                           "H1,H2,... or leave them out")
 
 
-def _elastic_server(args):
-    return args.elastic_server or os.environ.get(rdv_module.SERVER_ENV, "").strip() or None
-
-
-def rendezvous_from_args(args: argparse.Namespace) -> rdv_module.Rendezvous:
-    """Turn parsed fleetrun --elastic_server arguments into this host's Rendezvous.
-
-    Raises:
-        ConfigError: an option contradicts the rendezvous, or a count is missing or bad.
-        RendezvousError: this host has no route to etcd (to find its own address).
-    """
-    server = _elastic_server(args)
-    job_id = args.job_id or os.environ.get(rdv_module.JOB_ID_ENV, "").strip()
-    if args.servers or args.workers:
-        raise ConfigError("--servers/--workers with --elastic_server: etcd hands out the "
-                          "endpoints; give the job's totals (--server_num N --worker_num M) and "
-                          "this host's share (--server_num_per_host, --worker_num_per_host)")
-    elastic = _elastic_etcd_np(args)
-    if not job_id:
-        raise ConfigError(f"--elastic_server {server} needs --job_id ID (or {rdv_module.JOB_ID_ENV}): "
-                          "the name under which this job's hosts meet in etcd")
-    if "/" in job_id:
-        raise ConfigError(f"--job_id {job_id!r} contains '/'; give a name without it")
-    if not args.training_script:
-        raise ConfigError("no training script: give the path of the Python script to run "
-                          "(fleetrun [options] train.py [args])")
-    server_num = 0 if args.collective else args.server_num
-    worker_num = args.worker_num if elastic is None else elastic[1]
-    if server_num is None or worker_num is None:
-        raise ConfigError("--elastic_server needs the job's totals, the same on every host: "
-                          "--server_num N --worker_num M (the job forms when its hosts offer "
-                          "that many)")
-    per_s = 0 if args.collective else (1 if args.server_num_per_host is None else args.server_num_per_host)
-    per_w = args.worker_num_per_host
-    for name, value, total in (("--server_num_per_host", per_s, server_num),
-                               ("--worker_num_per_host", per_w, worker_num)):
-        if not 0 <= value <= total:
-            raise ConfigError(f"{name} {value} must be in 0..{total} (the job's total)")
-    if per_s + per_w == 0:
-        raise ConfigError("--server_num_per_host 0 and --worker_num_per_host 0: this host would "
-                          "run nothing; give it at least one server or worker")
-    if server_num == 0 and not args.collective:
-        raise ConfigError("--server_num 0 with --elastic_server: local training needs no "
-                          "rendezvous; give --server_num 1 or more (or --collective)")
-    _keys_dir(args, elastic is not None or (per_s, per_w) != (server_num, worker_num))
-    addr, source = _elastic_host(args, server)
-    servers, workers = rdv_module.host_endpoints(addr, per_s, per_w,
-                                                 6170 if args.start_port is None else args.start_port)
-    me = rdv_module.HostRecord(addr, servers, workers, socket.gethostname())
-    client = rdv_module.EtcdClient(server, rdv_module.call_timeout_s())
-    ttl = env_int(rdv_module.TTL_ENV, rdv_module.DEFAULT_TTL_S, low=1,
-                  meaning="the seconds of a host's lease in etcd")
-    wait_s = env_int(rdv_module.TIMEOUT_ENV, rdv_module.DEFAULT_TIMEOUT_S, low=1,
-                     meaning="the seconds to wait for the job's hosts")
-    return rdv_module.Rendezvous(client, job_id, me, server_num, worker_num, ttl, wait_s,
-                                 host_source=source, elastic=elastic)
-
-
-def _elastic_etcd_np(args):
-    """(MIN, MAX) of ``--np`` with --elastic_server, or None; checks what goes with it."""
-    if args.np is None:
-        if args.worker_replacements:
-            raise ConfigError(f"--worker_replacements {args.worker_replacements} is for elastic jobs: "
-                              "give --np MIN:MAX")
-        return None
-    low, high = parse_np(args.np)
-    if args.collective:
-        raise ConfigError(f"--np {args.np} makes a parameter-server job elastic: leave out --collective")
-    if args.worker_num is not None:
-        raise ConfigError(f"--worker_num {args.worker_num} with --np {args.np} and --elastic_server: the job "
-                          f"forms with {low}..{high} workers, as its hosts offer them (--worker_num_per_host); "
-                          "leave out --worker_num")
-    if args.worker_replacements < 0:
-        raise ConfigError(f"--worker_replacements {args.worker_replacements} must be an integer >= 0")
-    return low, high
-
-
-def _elastic_host(args, server):
-    """This host's address for the job, and where it came from."""
-    if args.host:
-        return args.host, "--host"
-    if os.environ.get("POD_IP", "").strip():
-        return os.environ["POD_IP"].strip(), "POD_IP"
-    nic = args.nic or os.environ.get("PADDLE_NIC", "").strip() or None
-    if nic:
-        addresses = sorted(interface_addresses(nic), key=lambda a: (":" in a, a))
-        return addresses[0], f"interface {nic}"
-    return rdv_module.address_towards(server), "its route to etcd"
-
-
-def launch_with_etcd(args: argparse.Namespace) -> int:
-    """fleetrun --elastic_server: rendezvous, then run this host's share of the job.
-
-    Blocks until the job is over. Returns launch's exit code.
-
-    Raises:
-        ConfigError: bad arguments; RendezvousError: the rendezvous failed.
-    """
-    rendezvous = rendezvous_from_args(args)
-    me = rendezvous.me
-    say(f"registering this host, {me.describe()} (address from {rendezvous.host_source}), in "
-        f"{rendezvous.where}; waiting for {plural(rendezvous.server_num, 'server')} and "
-        + (f"{rendezvous.elastic[0]} to {rendezvous.elastic[1]} workers (--np)" if rendezvous.elastic
-           else plural(rendezvous.worker_num, 'worker')))
-    try:
-        plan = rendezvous.join()
-    except KeyboardInterrupt:
-        say("interrupted while waiting for the job's hosts; this host's registration is removed")
-        return 128 + signal.SIGINT
-    say(f"{rendezvous.where} formed in {rendezvous.seconds:.2f} s: "
-        + "; ".join(f"{m.addr}: {plan.ranks_of(m.addr)}" for m in plan.members))
-    if rendezvous.elastic is not None:
-        return _run_elastic_host(args, rendezvous, plan)
-    code, down = EXIT_PROCESS_FAILED, None
-
-    def config_for(plan):
-        placement = place(plan.servers, plan.workers, host=me.addr,
-                          host_source=rendezvous.host_source)
-        if placement.whole_job:
-            return _make_config(args, plan.servers, plan.workers, keys_dir=_keys_dir(args, False))
-        return _make_config(args, plan.servers, plan.workers, local_servers=placement.servers,
-                            local_workers=placement.workers, bind_any=placement.bind_any,
-                            bind_any_workers=placement.bind_any_workers,
-                            host=placement.name, keys_dir=_keys_dir(args, True))
-    try:
-        if args.max_restarts:  # a lost host starts a new round (fleet.launch.etcd_rounds)
-            regroup = Regroup(rendezvous, plan, config_for)
-            code = launch(regroup.config, monitor=rendezvous.monitor, regroup=regroup)
-        else:
-            code = launch(config_for(plan), monitor=rendezvous.monitor)
-        down = rendezvous.monitor.etcd_down()
-    finally:
-        rendezvous.leave(code)
-    if code != 0 and down is not None:  # the last line: what to fix before a new start
-        say(f"exit {code}: the job failed while etcd at {rendezvous.client.endpoint} was "
-            f"unreachable (for {down[0]:.1f} s), so the change of membership could not go "
-            "through etcd; bring etcd back (or point --elastic_server at a running one) "
-            "before starting the job again")
-    return code
-
-
-def _run_elastic_host(args, rendezvous, plan):
-    """This host's share of an elastic job formed through etcd (--np with --elastic_server):
-    its servers and plan slots, or (a host joining the running job) free slots it takes.
-    Returns launch's exit code."""
-    me, code, down = rendezvous.me, EXIT_PROCESS_FAILED, None
-    registry, round_ = slots_module.SlotRegistry(rendezvous, plan), 0
-    try:
-        registry.agree_np()
-        if rendezvous.late:  # after a round (--max_restarts) the servers may have moved
-            round_, plan, assigned = join_newest_round(rendezvous, plan)
-            registry = slots_module.SlotRegistry(rendezvous, plan, assigned)
-            registry.join_slots = tuple(registry.claim(len(me.workers)))
-            if not registry.join_slots:
-                raise RendezvousError(f"{rendezvous.where} runs, and this host ({me.describe()}) found no worker "
-                                      f"slot to join it in: {registry.why_none}")
-            say(f"joining the running {rendezvous.where} in worker slot"
-                f"{'s' if len(registry.join_slots) > 1 else ''} {', '.join(map(str, registry.join_slots))}")
-            servers, workers, bind_any, bind_any_workers = (), (), (), ()
-        else:
-            placement = place(plan.servers, plan.workers, host=me.addr, host_source=rendezvous.host_source)
-            servers, workers = placement.servers, registry.take_plan_slots()
-            bind_any, bind_any_workers = placement.bind_any, placement.bind_any_workers
-        registry.start()
-        start = 6170 if args.start_port is None else args.start_port
-        endpoints = slots_module.slot_endpoints(me, plan, registry.high, start)
-        config = _make_config(args, plan.servers, endpoints,
-                              local_servers=servers, local_workers=workers, bind_any=bind_any,
-                              bind_any_workers=bind_any_workers, host=me.addr, keys_dir=_keys_dir(args, True),
-                              elastic=rendezvous.elastic, worker_replacements=args.worker_replacements)
-        if args.max_restarts:
-            # A failure that ends the job starts a round: servers moved, slots re-made
-            # (fleet.launch.etcd_slot_rounds); this host's worker endpoints stay the same.
-            off = bool(bind_any or bind_any_workers)
-
-            def config_for(round_plan, slots, every_slot):
-                local = tuple(i for i, e in enumerate(round_plan.servers) if parse_endpoint(e)[0] == me.addr)
-                return dataclasses.replace(config, server_endpoints=round_plan.servers, local_servers=local,
-                                           local_workers=slots, bind_any=local if off else (),
-                                           bind_any_workers=slots if off else (), expected_workers=every_slot)
-            registry = SlotRegroup(rendezvous, plan, config_for, registry, len(me.workers), config, round_,
-                                   registry.assigned)
-            code = launch(registry.config, monitor=registry.monitor, regroup=registry)
-        else:
-            code = launch(config, monitor=slots_module.ElasticMonitor(rendezvous.monitor, registry))
-        down = rendezvous.monitor.etcd_down()
-    finally:
-        getattr(registry, "registry", registry).stop()
-        rendezvous.leave(code)
-    if code != 0 and down is not None:
-        say(f"exit {code}: the job failed while etcd at {rendezvous.client.endpoint} was unreachable (for "
-            f"{down[0]:.1f} s); bring etcd back before starting the job again")
-    return code
-
-
 def main(argv=None) -> None:
     """Entry point of ``fleetrun`` and ``python -m fleet.launch``: exits with launch's code."""
     parser = build_parser()
@@ -801,7 +546,7 @@ def main(argv=None) -> None:
                 raise ConfigError("--hosts and --elastic_server are two ways to start a job on "
                                   "several hosts; give one of them")
             code = hosts_module.run_hosts(hosts_config_from_args(args))
-        elif _elastic_server(args):
+        elif elastic_server(args):
             _check_no_hosts_options(args, elastic=True)
             code = launch_with_etcd(args)
         else:

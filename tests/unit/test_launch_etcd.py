@@ -4,7 +4,7 @@ import pytest
 
 from fleet.errors import ConfigError, RendezvousError
 from fleet.launch import build_parser
-from fleet.launch.cli import rendezvous_from_args
+from fleet.launch.etcd_launch import rendezvous_from_args
 from fleet.launch.etcd_client import prefix_end
 from fleet.launch.etcd_rendezvous import (HostRecord, JobPlan, derive_plan, host_endpoints,
                                           plan_of)

@@ -2,7 +2,7 @@
 which slots count as live, a host's slot endpoints, fleetrun's --np --elastic_server
 arguments."""
 from fleet.launch import build_parser
-from fleet.launch.cli import rendezvous_from_args
+from fleet.launch.etcd_launch import rendezvous_from_args
 from fleet.launch.config import LaunchConfig, process_environment
 from fleet.launch.etcd_rendezvous import HostRecord, derive_plan, host_endpoints
 from fleet.launch.etcd_slots import DONE, FREE, LIVE, Slot, below_min, claimable, slot_endpoints

@@ -8,7 +8,7 @@ import pytest
 from fleet.errors import ConfigError
 from fleet.launch import LaunchConfig, build_parser, config_from_args, process_environment
 from fleet.launch import this_host
-from fleet.launch.cli import make_keys
+from fleet.launch.from_args import make_keys
 
 def _head(placement, n):
     return (placement.servers, placement.workers, placement.whole_job)[:n]
