@@ -80,19 +80,29 @@ def rank_main(args):
     sys.path.insert(0, ROOT)
     from fleet.transport.group import group_from_env
 
-    out = {"bandwidth": {}, "sweep": {}}
+    out = {"bandwidth": {}, "zmq_bandwidth": {}, "sweep": {}}
     with group_from_env() as group:
+        out["shared_memory"] = group.shared_memory
         for mib in args.sizes_mib:
             array = np.random.default_rng(group.rank).random(mib * (1 << 20) // 4, dtype=np.float32)
             out["bandwidth"][str(mib)] = timed_all_reduce(group, array, args.seconds, args.repeats)
+            if group.shared_memory:  # the ZeroMQ path next to it, on the same arrays
+                group.shared_memory = False
+                out["zmq_bandwidth"][str(mib)] = timed_all_reduce(group, array, args.seconds, args.repeats)
+                group.shared_memory = True
         if args.sweep:
+            shm, ring_min, shm_min = group.shared_memory, group.ring_min_bytes, group.shm_min_bytes
             for kib in SWEEP_KIB:
                 array = np.ones(kib * 1024 // 4, dtype=np.float32)
                 times = {}
-                for algo, threshold in (("direct", 1 << 40), ("ring", 0)):
-                    group.ring_min_bytes = threshold
+                for algo, ring_threshold, use_shm in (("direct", 1 << 40, False), ("ring", 0, False),
+                                                      ("shm", 1 << 40, True)):
+                    if use_shm and not shm:
+                        continue
+                    group.ring_min_bytes, group.shm_min_bytes, group.shared_memory = ring_threshold, 0, use_shm
                     times[algo] = timed_all_reduce(group, array, args.seconds / 4, args.repeats)
                 out["sweep"][str(kib)] = times
+            group.shared_memory, group.ring_min_bytes, group.shm_min_bytes = shm, ring_min, shm_min
     if group.rank == 0:
         print(json.dumps(out), flush=True)
 

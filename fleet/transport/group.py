@@ -1,4 +1,5 @@
-"""The worker group: collective operations among the workers of a job, over ZeroMQ.
+"""The worker group: collective operations among the workers of a job, over ZeroMQ (and
+shared memory between ranks on one host).
 
 ``WorkerGroup(endpoints, rank)`` joins the workers listed in ``endpoints`` (every worker's
 "host:port", in PADDLE_TRAINER_ENDPOINTS order); this process is ``endpoints[rank]``. It
@@ -30,6 +31,16 @@ its array to every other: one network latency). ``benchmarks/bench_collective.py
 measures the crossover. Results are bit-identical on every rank: in the direct exchange
 every rank sums in rank order; in the ring each chunk's final value is computed once, on
 one rank, and then copied to the others.
+
+Shared memory: when every rank runs on this host (``shared_segment.host_identity()``,
+exchanged when joining) and none sets FLEET_GROUP_SHM=0, ``all_reduce`` of arrays of
+``shm_min_bytes`` (SHM_MIN_BYTES, 256 KiB) or more goes through a memory segment every
+rank maps (``shared_segment.SharedSegment``: anonymous, so nothing can be left behind):
+each rank copies its array into its slot and sends every rank its descriptor; rank r
+reduces part r of every slot, in rank order (the same bits as the direct exchange), into
+the result area and sends every rank a token; each copies the result out. ZeroMQ carries
+only those small messages, so timeouts, mismatch detection and ``PeerLostError`` work as
+on the other paths. ``all_gather`` and ``broadcast`` stay on ZeroMQ.
 
 CURVE: with keys (``CurveConfig``), each ROUTER is a CURVE server and each DEALER a CURVE
 client, both with the job's *client* key pair (the one every worker holds); the ROUTER
@@ -66,6 +77,7 @@ from fleet.errors import ConfigError, FleetTimeoutError, PeerLostError, Transpor
 from fleet.logs import WaitLog, wait_log_ms
 from fleet.transport import message, settings
 from fleet.transport.curve import KEYS_DIR_ENV, CurveConfig, check_curve_available
+from fleet.transport.shared_segment import SharedSegment, aligned, host_identity, shm_enabled
 
 log = logging.getLogger("fleet.transport")
 
@@ -82,6 +94,11 @@ limit, 4 MiB chunks took ~25% less CPU time than 1 MiB ones for a 64 MiB all_red
 2 processes (benchmarks/bench_collective.py). Larger chunks still save a little there,
 but a segment of one chunk leaves a link idle while the next rank reduces it: 4 MiB keeps
 two or more chunks per segment for arrays of 8 MiB per rank and more."""
+SHM_MIN_BYTES = 256 * 1024
+"""Arrays of at least this many bytes are all-reduced through shared memory when every
+rank of the group is on this host (and FLEET_GROUP_SHM is not 0); smaller ones by direct
+exchange, whose one network latency beats the shared-memory path's two rounds of tokens.
+Measured by benchmarks/bench_collective.py's sweep (see docs/internals.md)."""
 REDUCE_OPS = ("sum", "mean", "max", "min")
 REDUCE_DTYPES = ("float32", "float64", "int32", "int64")
 ENDPOINTS_ENV = "PADDLE_TRAINER_ENDPOINTS"
@@ -93,7 +110,7 @@ _DRAIN = 256  # messages read per wake-up
 _DOWN_GRACE_MS = 1000
 _REPORT_LINGER_MS = 1000  # how long closing waits for a loss report to leave  # a dropped connection counts as lost once no goodbye came for this long
 _COUNTERS = ("operations", "messages_sent", "messages_received", "bytes_sent", "bytes_received", "stale_messages",
-             "malformed_messages")
+             "malformed_messages", "shm_operations")
 _SPARES = 2  # ring results kept for reuse: two, so `g = group.all_reduce(g)` in a loop reuses the one before last
 _SPARE_MIN_BYTES = 32 << 20  # glibc's largest mmap threshold: malloc maps every larger block afresh
 _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
@@ -124,8 +141,11 @@ class WorkerGroup:
 
     Attributes:
         rank, size, endpoints: this rank, the number of ranks, every rank's endpoint.
-        ring_min_bytes, chunk_bytes: the algorithm settings (RING_MIN_BYTES, CHUNK_BYTES);
-            every rank must use the same values.
+        ring_min_bytes, chunk_bytes, shm_min_bytes: the algorithm settings (RING_MIN_BYTES,
+            CHUNK_BYTES, SHM_MIN_BYTES); every rank must use the same values.
+        shared_memory: True when every rank runs on this host and allows shared memory
+            (FLEET_GROUP_SHM is not 0 on any): all_reduce then goes through shared memory
+            from ``shm_min_bytes`` on.
 
     Raises:
         ConfigError: a bad endpoint list, rank, timeout or CURVE configuration, or ranks
@@ -151,6 +171,10 @@ class WorkerGroup:
         self.curve = curve
         self.ring_min_bytes = RING_MIN_BYTES
         self.chunk_bytes = CHUNK_BYTES
+        self.shm_min_bytes = SHM_MIN_BYTES
+        self._host = host_identity() if shm_enabled() else None  # None: this rank shares no memory
+        self.shared_memory = False  # every rank on this host, each allowing it: set once joined
+        self._segment = None  # the SharedSegment of the shared-memory all_reduce
         self._heartbeat_ms, self._heartbeat_timeout_ms = settings.heartbeat_settings()
         self._max_bytes = settings.max_message_bytes()
         self._lock = threading.RLock()
@@ -229,14 +253,14 @@ class WorkerGroup:
         with self._operation("all_reduce", timeout_ms) as call:
             if self.size == 1:
                 return flat.copy().reshape(shape)
-            ring = flat.nbytes >= self.ring_min_bytes
-            desc = {"kind": "all_reduce", "op": op, "dtype": flat.dtype.name, "shape": list(shape),
-                    "algo": "ring" if ring else "direct"}
-            if ring:
-                out = self._ring_all_reduce(call, flat, op, desc)
+            if self.shared_memory and flat.nbytes >= self.shm_min_bytes:
+                algo, run = "shm", self._shm_all_reduce
+            elif flat.nbytes >= self.ring_min_bytes:
+                algo, run = "ring", self._ring_all_reduce
             else:
-                out = self._direct_all_reduce(call, flat, op, desc)
-            return out.reshape(shape)
+                algo, run = "direct", self._direct_all_reduce
+            desc = {"kind": "all_reduce", "op": op, "dtype": flat.dtype.name, "shape": list(shape), "algo": algo}
+            return run(call, flat, op, desc).reshape(shape)
 
     def all_gather(self, array, timeout_ms=None):
         """Returns every rank's ``array``, in rank order. Blocks up to the timeout.
@@ -430,6 +454,75 @@ class WorkerGroup:
                 del msg
         self._wait_sent(call, tracks + list(sent_from_out.values()))
         return out
+
+    def _shm_all_reduce(self, call, flat, op, desc):
+        """All ranks on this host: each copies its array into its slot of the shared
+        segment and says so (its descriptor); rank r then reduces part r of every slot,
+        in rank order, into the result area and says so; each copies the result out.
+
+        Layout after the header: slot 0, ..., slot N-1, result, each ``aligned(nbytes)``.
+        Rank 0 creates the segment (larger when an array does not fit) and names it in its
+        descriptor; a rank that did not have it yet attaches, copies and says so (step 1).
+        Two rounds of tokens per call keep the memory safe without a third: a rank writes
+        its slot of the next call only after every rank has reduced this one (step 2), and
+        the result area is rewritten only after every rank has written its slot of the
+        next call, hence finished copying this call's result out."""
+        n, r = self.size, self.rank
+        slot = aligned(flat.nbytes)
+        need = (n + 1) * slot
+        if r == 0 and (self._segment is None or self._segment.nbytes < need):
+            self._replace_segment(SharedSegment.create(need))
+        wrote = self._shm_write(flat, slot, need)
+        desc = {**desc, "w": wrote}
+        if r == 0:
+            desc["seg"] = [*self._segment.key, self._segment.nbytes]
+        for p in self.peers:
+            self._send(p, call.seq, "all_reduce", step=0, desc=desc)
+        first = self._first_messages(call)
+        self._check_descs(call, desc, first, ("kind", "op", "dtype", "shape", "algo"))
+        seg = desc["seg"] if r == 0 else first[0].header["d"].get("seg")
+        if not (isinstance(seg, list) and len(seg) == 4 and all(isinstance(v, int) for v in seg)):
+            raise TransportError(f"{call.what}: rank 0 described its shared memory as {seg!r}, not [pid, fd, key, "
+                                 f"bytes]; the ranks run different fleet versions")
+        late = [p for p in range(1, n) if (desc if p == r else first[p].header["d"]).get("w") != seg[:3]]
+        if r in late:  # rank 0 made a new segment: map it, then copy in
+            self._replace_segment(SharedSegment.attach(seg[:3], seg[3]))
+            self._shm_write(flat, slot, need)
+            for p in self.peers:
+                self._send(p, call.seq, "all_reduce", step=1)
+        for p in late:
+            if p != r:
+                self._take_step(call, p, 1, 0)
+        lo, hi = flat.size * r // n, flat.size * (r + 1) // n
+        views = [self._segment.view(flat.dtype, flat.size, p * slot)[lo:hi] for p in range(n + 1)]
+        ufunc, result = _UFUNCS[op], views[n]
+        ufunc(views[0], views[1], out=result)
+        for p in range(2, n):  # rank order, as the direct exchange: the same bits
+            ufunc(result, views[p], out=result)
+        if op == "mean":
+            np.divide(result, n, out=result)
+        del views, result
+        for p in self.peers:
+            self._send(p, call.seq, "all_reduce", step=2)
+        for p in self.peers:
+            self._take_step(call, p, 2, 0)
+        out = self._result_buffer(flat)
+        np.copyto(out, self._segment.view(flat.dtype, flat.size, n * slot))
+        self._counters["shm_operations"] += 1
+        return out
+
+    def _shm_write(self, flat, slot, need):
+        """Copies ``flat`` into this rank's slot; returns the segment's key, or None
+        when this rank has no segment large enough yet."""
+        if self._segment is None or self._segment.nbytes < need:
+            return None
+        self._segment.view(flat.dtype, flat.size, self.rank * slot)[...] = flat
+        return self._segment.key
+
+    def _replace_segment(self, segment):
+        if self._segment is not None:
+            self._segment.close()
+        self._segment = segment
 
     def _result_buffer(self, like):
         """Returns an array of ``like``'s size and dtype for a ring result.
@@ -816,7 +909,7 @@ class WorkerGroup:
         sock.heartbeat_ttl = min(self._heartbeat_timeout_ms, 6_553_500)
 
     def _join(self, timeout_ms):
-        desc = {"size": self.size, "endpoints": self.endpoints}
+        desc = {"size": self.size, "endpoints": self.endpoints, "host": self._host}
         for peer in self.peers:
             self._send(peer, 0, "hello", desc=desc)
         started = time.monotonic()
@@ -838,11 +931,14 @@ class WorkerGroup:
             self._pump(min(_POLL_MS, max(1, math.ceil(remaining * 1000))))
         for peer in self.peers:
             theirs = self._hello[peer]
-            if theirs != desc:
+            if not isinstance(theirs, dict) or [theirs.get("size"), theirs.get("endpoints")] != [self.size,
+                                                                                                self.endpoints]:
                 raise ConfigError(
                     f"rank {peer} of the worker group was started with other endpoints than rank {self.rank}: "
                     f"it has {theirs.get('endpoints') if isinstance(theirs, dict) else theirs!r}, this rank has "
                     f"{self.endpoints}; give every worker the same {ENDPOINTS_ENV}")
+        self.shared_memory = self._host is not None and all(self._hello[p].get("host") == self._host
+                                                            for p in self.peers)
 
     def _wait_goodbyes(self):
         started = time.monotonic()
@@ -884,6 +980,9 @@ class WorkerGroup:
             self._ctx = None
         self._inbox.clear()
         self._spares = []
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
 
 
 class _Operation:

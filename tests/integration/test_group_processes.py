@@ -1,8 +1,9 @@
 """The worker group with one process per rank (tests/integration/scripts/group_worker.py):
-the collectives equal numpy over 2 and 5 processes, bit-identical on every rank; a rank
-killed with SIGKILL, or stopped with SIGSTOP, in the middle of all_reduce is named by
-every other rank within the heartbeat bound; a process without the job's CURVE keys
-cannot join (the others time out naming it).
+the collectives equal numpy over 2 and 5 processes, bit-identical on every rank, with the
+ranks' shared memory (one host) and with FLEET_GROUP_SHM=0 (ZeroMQ only); a rank killed
+with SIGKILL, or stopped with SIGSTOP, in the middle of a shared-memory all_reduce is
+named by every other rank within the heartbeat bound, and leaves nothing in /dev/shm; a
+process without the job's CURVE keys cannot join (the others time out naming it).
 """
 import functools
 import importlib.util
@@ -41,9 +42,15 @@ def start_ranks(procs, clean_env, free_ports, tmp_path, n, mode, env_of=lambda r
     return endpoints.split(","), started
 
 
-@pytest.mark.parametrize("n", [2, 5])
-def test_collectives_over_processes_equal_numpy_and_agree_bit_for_bit(procs, clean_env, free_ports, tmp_path, n):
-    _, ranks = start_ranks(procs, clean_env, free_ports, tmp_path, n, "ops")
+def _dev_shm():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("n, shm", [(2, "1"), (5, "1"), (3, "0")])
+def test_collectives_over_processes_equal_numpy_and_agree_bit_for_bit(procs, clean_env, free_ports, tmp_path, n,
+                                                                      shm):
+    _, ranks = start_ranks(procs, clean_env, free_ports, tmp_path, n, "ops",
+                           lambda rank, env: dict(env, FLEET_GROUP_SHM=shm))
     for rank, proc in enumerate(ranks):
         out, err = procs.communicate(proc, 120)
         assert proc.returncode == 0 and out.strip() == "OK", f"rank {rank}: {out}\n{err}"
@@ -64,14 +71,18 @@ def test_collectives_over_processes_equal_numpy_and_agree_bit_for_bit(procs, cle
     for r in range(n):
         np.testing.assert_array_equal(got[f"gather_{r}"], parts[r]["ragged"])
     np.testing.assert_array_equal(got["objects"], np.arange(n))
+    # the three large all_reduce calls go through shared memory unless FLEET_GROUP_SHM=0
+    assert [int(results[r]["shm_operations"]) for r in range(n)] == [3 if shm == "1" else 0] * n
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
 def test_a_rank_that_dies_or_hangs_mid_operation_is_named_by_every_other(procs, clean_env, free_ports, tmp_path, how,
                                                                           wait_for):
+    shm_before = _dev_shm()
     endpoints, ranks = start_ranks(procs, clean_env, free_ports, tmp_path, 3, "loop")
     wait_for(lambda: all((tmp_path / f"rank{r}.ready").exists() for r in range(3)), BOUND_S,
              "every rank to finish its first all_reduce")
+    assert [(tmp_path / f"rank{r}.ready").read_text() for r in range(3)] == ["1"] * 3  # through shared memory
     os.kill(ranks[2].pid, how)
     try:
         for rank in (0, 1):
@@ -83,6 +94,8 @@ def test_a_rank_that_dies_or_hangs_mid_operation_is_named_by_every_other(procs, 
     finally:
         if how == signal.SIGSTOP:
             procs.kill(ranks[2])
+    procs.communicate(ranks[2], BOUND_S)
+    assert _dev_shm() <= shm_before  # nothing left behind (other jobs may remove their own meanwhile)
 
 
 def test_a_process_without_the_curve_keys_cannot_join(procs, clean_env, free_ports, tmp_path):

@@ -1,7 +1,8 @@
 """The worker group with every rank a thread of this process (its own sockets, its own
 ZeroMQ context): all_reduce / all_gather / broadcast equal numpy on random shapes, dtypes
-and group sizes 2..5, on the direct and the ring path (with tiny chunks, so segments of
-several chunks and empty segments happen); results bit-identical on every rank;
+and group sizes 2..5, on the direct, the ring (with tiny chunks, so segments of several
+chunks and empty segments happen) and the shared-memory path (the threads are ranks on
+one host); results bit-identical on every rank; FLEET_GROUP_SHM=0 keeps ZeroMQ;
 mismatches named by every rank; a rank that never joins, stops answering, vanishes
 without a goodbye or closes early is named; CURVE keys let the job's workers in and
 keep a worker without them out.
@@ -22,6 +23,7 @@ from fleet.transport.curve import CurveConfig, generate_keys
 from fleet.transport.group import WorkerGroup, group_from_env
 
 DTYPES = ("float32", "float64", "int32", "int64")
+PATHS = ("direct", "ring", "shm")
 LIMIT_S = 30  # a test's own bound on one operation of every rank
 
 
@@ -135,9 +137,15 @@ def free_ports_module():
     return pick_free_ports
 
 
-def set_path(ranks, ring, chunk_bytes=64):
+def set_path(ranks, path, chunk_bytes=64):
+    """Every rank takes ``path`` at every size: "direct", "ring" (all_reduce, all_gather,
+    broadcast) or "shm" (all_reduce through shared memory; the others go directly)."""
+    assert path in PATHS, path
+
     def apply(g):
-        g.ring_min_bytes = 0 if ring else 1 << 40
+        assert g.shared_memory  # every rank is a thread of this process: one host
+        g.ring_min_bytes = 0 if path == "ring" else 1 << 40
+        g.shm_min_bytes = 0 if path == "shm" else 1 << 40
         g.chunk_bytes = chunk_bytes
     ok(ranks.run(apply))
 
@@ -154,12 +162,12 @@ shapes = st.lists(st.integers(0, 9), min_size=0, max_size=3).map(tuple)
 
 @hsettings(max_examples=40)
 @given(n=st.integers(2, 5), dtype=st.sampled_from(DTYPES), shape=shapes,
-       op=st.sampled_from(("sum", "mean", "max", "min")), ring=st.booleans(), seed=st.integers(0, 2**16))
-def test_all_reduce_equals_numpy_and_is_bit_identical_on_every_rank(groups, n, dtype, shape, op, ring, seed):
+       op=st.sampled_from(("sum", "mean", "max", "min")), path=st.sampled_from(PATHS), seed=st.integers(0, 2**16))
+def test_all_reduce_equals_numpy_and_is_bit_identical_on_every_rank(groups, n, dtype, shape, op, path, seed):
     if op == "mean" and not dtype.startswith("float"):
         op = "sum"
     ranks = groups[n]
-    set_path(ranks, ring)
+    set_path(ranks, path)
     parts = [data(r, dtype, shape, seed) for r in range(n)]
     results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank].copy(), op)))
     ufunc = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}[op]
@@ -169,7 +177,7 @@ def test_all_reduce_equals_numpy_and_is_bit_identical_on_every_rank(groups, n, d
     for out in results:
         assert out.shape == shape and out.dtype == np.dtype(dtype)
         assert out.tobytes() == results[0].tobytes()
-    if ring and op in ("sum", "mean") and dtype.startswith("float"):
+    if path == "ring" and op in ("sum", "mean") and dtype.startswith("float"):
         np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-3)
     else:
         np.testing.assert_array_equal(results[0], expected)
@@ -181,7 +189,7 @@ def test_all_reduce_equals_numpy_and_is_bit_identical_on_every_rank(groups, n, d
        seed=st.integers(0, 2**16))
 def test_ragged_all_gather_equals_every_rank_s_array(groups, n, dtype, rows, tail, ring, seed):
     ranks = groups[n]
-    set_path(ranks, ring)
+    set_path(ranks, "ring" if ring else "direct")
     parts = [data(r, dtype, (rows[r],) + tail, seed) if dtype != "uint8"
              else np.arange(rows[r] * int(np.prod(tail)), dtype=np.uint8).reshape((rows[r],) + tail)
              for r in range(n)]
@@ -198,7 +206,7 @@ def test_ragged_all_gather_equals_every_rank_s_array(groups, n, dtype, rows, tai
        ring=st.booleans(), seed=st.integers(0, 2**16))
 def test_broadcast_gives_the_root_s_array_everywhere(groups, n, dtype, shape, root, ring, seed):
     ranks = groups[n]
-    set_path(ranks, ring)
+    set_path(ranks, "ring" if ring else "direct")
     root %= n
     sent = data(root, dtype, shape, seed)
     results = ok(ranks.run(lambda g: g.broadcast(sent if g.rank == root else None, root=root)))
@@ -209,12 +217,12 @@ def test_broadcast_gives_the_root_s_array_everywhere(groups, n, dtype, shape, ro
 
 def test_the_ring_path_with_many_chunks_per_segment_and_large_arrays(groups):
     ranks = groups[4]
-    set_path(ranks, ring=True, chunk_bytes=4096)
+    set_path(ranks, "ring", chunk_bytes=4096)
     parts = [data(r, "float32", (200_003,), 7) for r in range(4)]
     results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "sum")))
     np.testing.assert_allclose(results[0], sum(parts[1:], parts[0]), rtol=1e-5, atol=1e-3)
     assert len({r.tobytes() for r in results}) == 1
-    # the defaults choose by size: 512 KiB and more goes round the ring
+    # without shared memory the defaults choose by size: 512 KiB and more goes round the ring
     ok(ranks.run(lambda g: setattr(g, "ring_min_bytes", group_module.RING_MIN_BYTES)))
     ok(ranks.run(lambda g: setattr(g, "chunk_bytes", group_module.CHUNK_BYTES)))
     before = ok(ranks.run(lambda g: g.stats()["messages_sent"]))
@@ -231,10 +239,55 @@ def test_the_ring_path_with_many_chunks_per_segment_and_large_arrays(groups):
     assert [a - b for a, b in zip(after, before)] == [3] * 4  # direct: the array to each other rank
 
 
+def _memfd_maps():
+    with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+        return sum("memfd:fleet-group" in line for line in f)
+
+
+def test_shared_memory_all_reduce_equals_the_direct_exchange_bit_for_bit_and_grows_its_segment(group_of):
+    before_maps = _memfd_maps()
+    ranks = group_of(3)
+    assert ok(ranks.run(lambda g: g.shared_memory)) == [True] * 3  # threads of one process: one host
+    for i, (size, op) in enumerate(((40_000, "sum"), (300_003, "mean"), (100, "max"), (300_003, "sum"), (0, "min"))):
+        parts = [data(r, "float32", (size,), size) for r in range(3)]
+        set_path(ranks, "direct")
+        direct = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], op)))
+        set_path(ranks, "shm")
+        before = ok(ranks.run(lambda g: g.stats()))
+        results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], op)))
+        after = ok(ranks.run(lambda g: g.stats()))
+        for r in range(3):
+            assert results[r].tobytes() == direct[0].tobytes()  # rank order on every rank, as the direct exchange
+            assert after[r]["shm_operations"] - before[r]["shm_operations"] == 1
+            assert after[r]["bytes_sent"] == before[r]["bytes_sent"]  # no array goes over ZeroMQ
+        # messages: a descriptor and a "reduced" token to each other rank, and a "copied in"
+        # token more from ranks 1 and 2 when rank 0 made a larger segment (the first two sizes)
+        grew = i < 2
+        assert [a["messages_sent"] - b["messages_sent"] for a, b in zip(after, before)] == \
+            [4, 4 + 2 * grew, 4 + 2 * grew]
+    assert _memfd_maps() == before_maps + 3  # one mapping per rank (the grown segment; the first one is gone)
+    ok(ranks.run(lambda g: g.close()))
+    assert _memfd_maps() == before_maps
+
+
+def test_fleet_group_shm_0_takes_the_zeromq_path(group_of, endpoints, monkeypatch):
+    monkeypatch.setenv("FLEET_GROUP_SHM", "0")
+    ranks = group_of(2)
+    assert ok(ranks.run(lambda g: g.shared_memory)) == [False, False]
+    parts = [data(r, "float64", (100_000,), 3) for r in range(2)]  # 800 KB: the ring
+    results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "sum")))
+    np.testing.assert_array_equal(results[1], parts[0] + parts[1])
+    stats = ok(ranks.run(lambda g: g.stats()))
+    assert [(s["shm_operations"], s["bytes_sent"]) for s in stats] == [(0, 800_000)] * 2  # the ring: 2(N-1)/N
+    monkeypatch.setenv("FLEET_GROUP_SHM", "yes")
+    with pytest.raises(ConfigError, match=r"FLEET_GROUP_SHM='yes' is neither 0 nor 1; set it to 0 to make"):
+        WorkerGroup(endpoints(2), 0)
+
+
 def test_the_input_is_not_modified_and_the_result_is_a_new_array(groups):
     ranks = groups[3]
-    for ring in (False, True):
-        set_path(ranks, ring)
+    for path in PATHS:
+        set_path(ranks, path)
         parts = [np.full((5, 4), r + 1.0, np.float32) for r in range(3)]
         copies = [p.copy() for p in parts]
         results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "sum")))
@@ -247,7 +300,7 @@ def test_the_input_is_not_modified_and_the_result_is_a_new_array(groups):
 def test_a_large_ring_result_s_memory_is_reused_only_once_nothing_references_it(groups, monkeypatch):
     monkeypatch.setattr(group_module, "_SPARE_MIN_BYTES", 1)  # what 32 MiB arrays do, on small ones
     ranks = groups[2]
-    set_path(ranks, ring=True, chunk_bytes=4096)
+    set_path(ranks, "ring", chunk_bytes=4096)
     parts = [[data(r, "float64", (3000,), seed) for r in range(2)] for seed in range(5)]
     sums = [p[0] + p[1] for p in parts]  # two ranks: every order of the sum is the same
 
@@ -278,8 +331,8 @@ def test_barrier_and_all_gather_object(groups):
     ok(ranks.run(lambda g: g.barrier()))
     objects = [{"rank": r, "auc": np.float64(0.5 + r), "rows": np.arange(r), "name": "w%d" % r, "t": (r, {r})}
                for r in range(3)]
-    for ring in (False, True):
-        set_path(ranks, ring)
+    for path in ("direct", "ring"):
+        set_path(ranks, path)
         results = ok(ranks.run(lambda g: g.all_gather_object(objects[g.rank])))
         for gathered in results:
             for got, want in zip(gathered, objects):
@@ -288,10 +341,10 @@ def test_barrier_and_all_gather_object(groups):
                 np.testing.assert_array_equal(got["rows"], want["rows"])
 
 
-@pytest.mark.parametrize("ring", [False, True])
-def test_mismatched_shapes_are_named_by_every_rank_and_the_group_goes_on(groups, ring):
+@pytest.mark.parametrize("path", PATHS)
+def test_mismatched_shapes_are_named_by_every_rank_and_the_group_goes_on(groups, path):
     ranks = groups[3]
-    set_path(ranks, ring)
+    set_path(ranks, path)
     results = ranks.run(lambda g: g.all_reduce(np.zeros(4 + (g.rank == 1), np.float32), "sum"))
     for r, error in enumerate(results):
         assert isinstance(error, ConfigError), error
@@ -306,7 +359,7 @@ def test_mismatched_shapes_are_named_by_every_rank_and_the_group_goes_on(groups,
 
 def test_different_operations_and_ops_are_named(groups):
     ranks = groups[2]
-    set_path(ranks, ring=False)
+    set_path(ranks, "direct")
     results = ranks.run(lambda g: g.all_reduce(np.zeros(3), "max") if g.rank == 0 else g.barrier())
     for error in results:
         assert isinstance(error, ConfigError), error
@@ -506,7 +559,7 @@ def test_a_rank_that_closes_while_another_waits_is_named(group_of):
 def test_curve_keys_let_the_workers_in(tmp_path, group_of):
     keys = generate_keys(str(tmp_path / "keys"))
     ranks = group_of(3, curve=keys)
-    set_path(ranks, ring=True, chunk_bytes=1024)
+    set_path(ranks, "ring", chunk_bytes=1024)
     results = ok(ranks.run(lambda g: g.all_reduce(np.arange(5000, dtype=np.float64) * g.rank, "sum")))
     np.testing.assert_array_equal(results[2], np.arange(5000) * 3.0)
 

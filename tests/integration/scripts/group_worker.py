@@ -4,7 +4,8 @@ Usage: group_worker.py MODE OUT_DIR  (PADDLE_TRAINER_ENDPOINTS, PADDLE_TRAINER_I
 FLEET_* set by the test)
 
 MODE "ops": every collective on ``inputs(rank, size)``; the results go to OUT_DIR/rank<r>.npz.
-MODE "loop": all_reduce of 1 MB forever; "ready" in OUT_DIR/rank<r>.ready after the first.
+MODE "loop": all_reduce of 1 MB forever; OUT_DIR/rank<r>.ready after the first, holding the
+number of all_reduce calls that went through shared memory.
 MODE "join": join the group and pass a barrier.
 Any failure is printed as "FAILED <type>: <message>" on stdout, exit code 3.
 """
@@ -44,13 +45,16 @@ def ops(group, out):
     ranks = group.all_gather_object({"rank": group.rank})
     group.barrier()
     results["objects"] = np.array([o["rank"] for o in ranks])
+    results["shm_operations"] = np.array(group.stats()["shm_operations"])
     np.savez(os.path.join(out, f"rank{group.rank}.npz"), **results)
 
 
 def loop(group, out):
     x = np.full(1 << 18, float(group.rank), dtype=np.float32)
     group.all_reduce(x)
-    open(os.path.join(out, f"rank{group.rank}.ready"), "w").close()
+    with open(os.path.join(out, f"rank{group.rank}.ready.tmp"), "w") as f:
+        f.write(str(group.stats()["shm_operations"]))
+    os.replace(os.path.join(out, f"rank{group.rank}.ready.tmp"), os.path.join(out, f"rank{group.rank}.ready"))
     while True:
         group.all_reduce(x)
 
