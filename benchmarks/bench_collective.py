@@ -115,7 +115,7 @@ def run_group(n, args):
         env = dict(os.environ, PADDLE_TRAINER_ENDPOINTS=endpoints, PADDLE_TRAINER_ID=str(rank),
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         argv = [sys.executable, __file__, "--rank", "--seconds", str(args.seconds), "--repeats", str(args.repeats),
-                "--sizes-mib", *map(str, args.sizes_mib)] + (["--sweep"] if args.sweep else [])
+                "--sizes-mib", *map(str, args.sizes_mib)] + (["--sweep"] if args.sweep else ["--no-sweep"])
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         outputs = [p.communicate(timeout=PROCESS_TIMEOUT_S) for p in procs]
