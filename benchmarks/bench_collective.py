@@ -2,7 +2,10 @@
 
 One process per rank on this machine. For each group size N (2, 4) and array size
 (4 MiB, 64 MiB of float32): algorithm bandwidth = array bytes / seconds per all_reduce
-(the slowest rank's time, best of --repeats). The bound comes from raw ZeroMQ in the
+(the slowest rank's time, best of --repeats), on the path a user gets ("fleet_gbps":
+shared memory, as every rank is on this host, unless FLEET_GROUP_SHM=0) and, when that
+is shared memory, on ZeroMQ next to it, the same arrays in the same processes
+("fleet_zmq_gbps": the ring). The bound comes from raw ZeroMQ in the
 same run: two processes, a DEALER streaming the array to a ROUTER with copy=False (in
 messages of the ring's chunk size and in one message; the faster counts), B_raw = bytes
 / s. A ring moves 2(N-1)/N of the array through each rank, so the goal is algorithm
@@ -14,9 +17,10 @@ while it receives one from its left (B_ring = bytes / s of the slowest), and the
 goal is checked against B_ring / (2(N-1)/N). When mpi4py and mpirun are installed, MPI's
 Allreduce of the same arrays runs in the same run (mpirun -np N --oversubscribe).
 
-A latency sweep (arrays of 1 KiB to 1 MiB, N = 2 and 4) times the direct exchange and
-the ring on the same arrays: the smallest size where the ring is faster is where
-RING_MIN_BYTES belongs.
+A latency sweep (arrays of 1 KiB to 1 MiB, N = 2 and 4) times the direct exchange, the
+ring and shared memory on the same arrays: the smallest size where the ring is faster
+than the direct exchange is where RING_MIN_BYTES belongs, and the smallest where shared
+memory is, SHM_MIN_BYTES.
 
 Prints one JSON line with "checks" ({"figure", "goal", "value", "met"}).
 
@@ -38,7 +42,7 @@ import zmq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SWEEP_KIB = (1, 4, 16, 64, 256, 1024)
+SWEEP_KIB = (1, 4, 16, 64, 256, 512, 1024)
 GOAL_FRACTION = 0.8
 PROCESS_TIMEOUT_S = 600
 
@@ -354,7 +358,8 @@ def main():
 
     result = {"benchmark": "collective_all_reduce", "zmq": zmq.zmq_version(), "cpus": os.cpu_count(),
               "chunk_bytes": group_module.CHUNK_BYTES, "ring_min_bytes": group_module.RING_MIN_BYTES,
-              "raw_gbps": {}, "raw_ring_gbps": {}, "fleet_gbps": {}, "mpi_gbps": {}, "sweep_us": {}}
+              "shm_min_bytes": group_module.SHM_MIN_BYTES, "raw_gbps": {}, "raw_ring_gbps": {}, "fleet_gbps": {},
+              "shared_memory": {}, "fleet_zmq_gbps": {}, "mpi_gbps": {}, "sweep_us": {}}
     for mib in args.sizes_mib:
         nbytes = mib * (1 << 20)
         result["raw_gbps"][str(mib)] = round(max(
@@ -366,13 +371,17 @@ def main():
         mpi = run_mpi(n, args)
         result["fleet_gbps"][str(n)] = {mib: round(int(mib) * (1 << 20) / s / 1e9, 3)
                                         for mib, s in ours["bandwidth"].items()}
+        result["shared_memory"][str(n)] = ours["shared_memory"]
+        result["fleet_zmq_gbps"][str(n)] = {mib: round(int(mib) * (1 << 20) / s / 1e9, 3)
+                                            for mib, s in ours["zmq_bandwidth"].items()}
         result["mpi_gbps"][str(n)] = mpi if isinstance(mpi, str) else {
             mib: round(int(mib) * (1 << 20) / s / 1e9, 3) for mib, s in mpi.items()}
         if ours["sweep"]:
             sweep = {kib: {algo: round(s * 1e6, 1) for algo, s in t.items()} for kib, t in ours["sweep"].items()}
             result["sweep_us"][str(n)] = sweep
-            faster = [int(kib) for kib, t in sweep.items() if t["ring"] < t["direct"]]
-            result.setdefault("ring_faster_from_kib", {})[str(n)] = min(faster) if faster else None
+            for algo in ("ring", "shm"):
+                faster = [int(kib) for kib, t in sweep.items() if algo in t and t[algo] < t["direct"]]
+                result.setdefault(f"{algo}_faster_from_kib", {})[str(n)] = min(faster) if faster else None
         for mib in args.sizes_mib:
             nbytes = mib * (1 << 20)
             raw = result["raw_gbps"][str(mib)]

@@ -97,8 +97,9 @@ two or more chunks per segment for arrays of 8 MiB per rank and more."""
 SHM_MIN_BYTES = 256 * 1024
 """Arrays of at least this many bytes are all-reduced through shared memory when every
 rank of the group is on this host (and FLEET_GROUP_SHM is not 0); smaller ones by direct
-exchange, whose one network latency beats the shared-memory path's two rounds of tokens.
-Measured by benchmarks/bench_collective.py's sweep (see docs/internals.md)."""
+exchange, whose single round of messages beats the shared-memory path's two rounds of
+tokens below about this size (benchmarks/bench_collective.py's sweep, 2 cores: at 256 KiB
+shared memory took 362 vs 381 us over 2 processes, 973 vs 1351 us over 4; docs/internals.md)."""
 REDUCE_OPS = ("sum", "mean", "max", "min")
 REDUCE_DTYPES = ("float32", "float64", "int32", "int64")
 ENDPOINTS_ENV = "PADDLE_TRAINER_ENDPOINTS"
@@ -466,7 +467,17 @@ class WorkerGroup:
         Two rounds of tokens per call keep the memory safe without a third: a rank writes
         its slot of the next call only after every rank has reduced this one (step 2), and
         the result area is rewritten only after every rank has written its slot of the
-        next call, hence finished copying this call's result out."""
+        next call, hence finished copying this call's result out. A rank whose call fails
+        (a timeout, a mismatch, a lost rank) forgets the segment: its next call writes its
+        slot only after every rank's descriptor of that call came (as a rank that did not
+        have it), so it never overwrites data a slower rank still reduces."""
+        try:
+            return self._shm_steps(call, flat, op, desc)
+        except BaseException:
+            self._replace_segment(None)
+            raise
+
+    def _shm_steps(self, call, flat, op, desc):
         n, r = self.size, self.rank
         slot = aligned(flat.nbytes)
         need = (n + 1) * slot

@@ -266,6 +266,14 @@ def test_shared_memory_all_reduce_equals_the_direct_exchange_bit_for_bit_and_gro
         assert [a["messages_sent"] - b["messages_sent"] for a, b in zip(after, before)] == \
             [4, 4 + 2 * grew, 4 + 2 * grew]
     assert _memfd_maps() == before_maps + 3  # one mapping per rank (the grown segment; the first one is gone)
+    # a failed call (here: shapes that differ) makes every rank forget the segment, so none
+    # writes its slot of the next call before every rank has started it
+    results = ranks.run(lambda g: g.all_reduce(np.zeros(100_000 + g.rank, np.float32), "sum"))
+    assert all(isinstance(e, ConfigError) for e in results), results
+    assert _memfd_maps() == before_maps
+    results = ok(ranks.run(lambda g: g.all_reduce(np.full(100_000, g.rank, np.int64), "sum")))
+    np.testing.assert_array_equal(results[2], np.full(100_000, 3))
+    assert _memfd_maps() == before_maps + 3
     ok(ranks.run(lambda g: g.close()))
     assert _memfd_maps() == before_maps
 
