@@ -255,13 +255,21 @@ class AsyncCommunicator(Communicator):
         with self._cv:
             self._senders.add(threading.get_ident())
         self._count("steps_queued")
-        queued = False
-        for name, value in grads.items():
-            q = self._queues.get(name)
-            if q is None or value is None:
-                continue
-            queued = True
-            item = (_copy(value), done)
+        items = [(self._queues[name], name, (_copy(value), done)) for name, value in grads.items()
+                 if value is not None and name in self._queues]
+        if not items:
+            self._finish_steps((done,))
+            return
+        with self._cv:
+            # The whole step at once when every queue has room: the send thread takes
+            # items under this lock, so it never sends part of a step in one round and
+            # the rest in the next (two pushes and two dense pulls for one step).
+            if all(q.maxsize <= 0 or q.qsize() < q.maxsize for q, _, _ in items):
+                for q, _, item in items:
+                    q.put_nowait(item)
+                self._cv.notify()
+                return
+        for q, name, item in items:  # some queue is full: one by one, blocking (back-pressure)
             started = time.monotonic()
             deadline = started + self.put_timeout
             wait = None
@@ -282,8 +290,6 @@ class AsyncCommunicator(Communicator):
                             f"servers {self.endpoints} are not taking gradients (check their logs)")
             with self._cv:
                 self._cv.notify()
-        if not queued:
-            self._finish_steps((done,))
 
     def _steps_to_merge(self):
         """How many queued steps the next round merges: up to max_merge. With fewer queued,
@@ -323,17 +329,21 @@ class AsyncCommunicator(Communicator):
         popped = 0
         done = set()
         steps = self._steps_to_merge() if wait and self.max_merge > 1 else self.max_merge
-        for name, q in self._queues.items():
-            items = []
-            while len(items) < max(steps, 1):
-                try:
-                    items.append(q.get_nowait())
-                except queue.Empty:
-                    break
-            if items:
-                popped = max(popped, len(items))
-                done.update(ev for _, ev in items)
-                grads[name] = reduce_gradients([g for g, _ in items], average=not self.sum_merge)
+        taken = {}
+        with self._cv:  # whole steps: see send()
+            for name, q in self._queues.items():
+                items = []
+                while len(items) < max(steps, 1):
+                    try:
+                        items.append(q.get_nowait())
+                    except queue.Empty:
+                        break
+                if items:
+                    taken[name] = items
+        for name, items in taken.items():
+            popped = max(popped, len(items))
+            done.update(ev for _, ev in items)
+            grads[name] = self._merged([g for g, _ in items])
         if grads:
             requests = self._requests("push", self.split_grads(grads),
                                       {"steps": popped} if self.push_to_every_server else None)
@@ -341,6 +351,13 @@ class AsyncCommunicator(Communicator):
                 self._all(requests)
             self._count("sends")
         return popped, done
+
+    def _merged(self, values):
+        """One round's gradient of a parameter from its queued steps' (private copies,
+        see ``send``): a single step is sent as it is."""
+        if len(values) == 1:
+            return values[0]
+        return reduce_gradients(values, average=not self.sum_merge)
 
     def _finish_steps(self, events):
         """Marks the steps of ``events`` sent (their training threads may go on) and counts

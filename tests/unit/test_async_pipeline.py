@@ -11,6 +11,7 @@ import pytest
 import fleet.framework as fw
 from fleet import layers, optimizer
 from fleet.communicator import make_communicator
+from fleet.communicator import asynchronous
 from fleet.communicator.asynchronous import AsyncCommunicator
 from fleet.framework.tensor import LoDTensor, SparseRows
 from fleet.transpiler.plan import build_plan
@@ -304,3 +305,40 @@ def test_a_hybrid_worker_pushes_to_every_server_each_step(two_servers):
         assert pushes[other] == ([[]] if every else [])
         pushes[0].clear()
         pushes[1].clear()
+
+
+def test_each_step_goes_in_one_push_with_every_gradient(monkeypatch):
+    """A step's dense and sparse gradients are queued together, so the send thread never
+    pushes part of a step (and pulls the dense parameters) and the rest in a second round,
+    however long copying the step's gradients takes."""
+    pushes = []
+    copy = asynchronous._copy
+
+    def slow_copy(value):
+        time.sleep(0.02)  # a large gradient: the send thread is free to run meanwhile
+        return copy(value)
+
+    monkeypatch.setattr(asynchronous, "_copy", slow_copy)
+
+    def handler(request):
+        if request.op == "push":
+            pushes.append(sorted(request.names))
+            request.reply()
+        elif request.op == "pull_dense":
+            request.reply(request.meta["blocks"], [np.zeros((6, 2), np.float32)])
+        else:
+            request.reply()
+
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serving(ServerSocket("127.0.0.1:0"), handler, poll_ms=5, threaded=True))
+        plan = _plan("async", server.endpoint)
+        comm = make_communicator("async", plan, 0, fw.Scope(), FLAGS, connect=lambda ep: Client(ep, 0, timeout_ms=10000))
+        comm.start()
+        stack.callback(comm.stop)
+        grads = {plan.params["w"].grad: np.ones((6, 2), np.float32),
+                 plan.params["t"].grad: SparseRows(np.array([1, 4], np.int64), np.ones((2, 2), np.float32), 50)}
+        for _ in range(10):
+            comm.send(grads)
+        comm.flush()
+    assert len(pushes) == 10
+    assert all(p == pushes[0] and len(p) == 3 for p in pushes), pushes  # w, t@ROWS, t@VALUES
