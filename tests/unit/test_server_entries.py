@@ -208,3 +208,34 @@ def test_async_pulls_ahead_carry_each_batchs_statistics_exactly_once(tmp_path, m
     for row_id, (show, click) in expected.items():
         assert tuple(rows[row_id][1][:2]) == (show, click), row_id
     job.comm.stop()
+
+
+@pytest.mark.parametrize("entry", [fleet.CountFilterEntry(2), fleet.ShowClickEntry("show", "click")])
+def test_a_servers_warm_up_runs_its_kernels_and_changes_nothing_it_holds(entry):
+    main, startup, _, _, _ = _model(entry, optimizer=fleet.optimizer.Adam(0.1))
+    job = Job(main, startup, 2, mode="async")
+    for feed in _batches(3):
+        job.run(feed)
+    job.comm.flush()
+    before = {ep: ({n: t.state_dict() for n, (_, _, t) in ps.blocks.items()},
+                   {n: t.state_dict() for n, (_, t) in ps.shards.items()}, ps.updates, ps.lr_step)
+              for ep, ps in job.servers.items()}
+    assert any(len(shards["emb"]["ids"]) for _, shards, _, _ in before.values())
+    for ps in job.servers.values():
+        ps.warm_up()
+    for ep, ps in job.servers.items():
+        blocks, shards, updates, lr_step = before[ep]
+        assert (ps.updates, ps.lr_step) == (updates, lr_step)
+        for name, (_, _, table) in ps.blocks.items():
+            _assert_same_state(table.state_dict(), blocks[name])
+        for name, (_, table) in ps.shards.items():
+            _assert_same_state(table.state_dict(), shards[name])
+
+
+def _assert_same_state(got, expected):
+    assert sorted(got) == sorted(expected)
+    for key, value in expected.items():
+        if isinstance(value, dict):
+            _assert_same_state(got[key], value)
+        else:
+            np.testing.assert_array_equal(got[key], value, err_msg=key)
