@@ -5,8 +5,8 @@
   ``max_merge_var_num`` steps per parameter (sum for SGD, mean otherwise; with fewer
   queued it waits, as Paddle's, up to ``send_wait_times`` periods of 10 ms for each
   further step, so the steps of a worker's threads meet in one push), sends, and pulls
-  dense parameters after each round, or a recv thread pulls after
-  ``min_send_grad_num_before_recv`` sends. Pipelined with bounded staleness: a training
+  dense parameters after each round (the push's reply carries them: one round trip), or
+  a recv thread pulls after ``min_send_grad_num_before_recv`` sends. Pipelined with bounded staleness: a training
   thread's step t+1 starts only once its step t-1 was sent and the dense parameters pulled
   after it, and the sparse rows of its next batch are pulled in the background during
   the current step, after its previous step was sent; so each step computes on
@@ -318,9 +318,11 @@ class AsyncCommunicator(Communicator):
             self._senders.discard(threading.get_ident())
         super().thread_finished()
 
-    def _drain(self, wait=True):
+    def _drain(self, wait=True, pull=False):
         """One round: pop up to max_merge steps per parameter (waiting for them as
-        ``_steps_to_merge`` says when ``wait``), merge, send.
+        ``_steps_to_merge`` says when ``wait``), merge, send; with ``pull``, also refresh
+        the dense parameters in the same round trip (``push_and_pull_dense``) when
+        anything was sent.
 
         Returns:
             (items sent, the rounds' Events of the steps they came from).
@@ -345,10 +347,14 @@ class AsyncCommunicator(Communicator):
             done.update(ev for _, ev in items)
             grads[name] = self._merged([g for g, _ in items])
         if grads:
-            requests = self._requests("push", self.split_grads(grads),
-                                      {"steps": popped} if self.push_to_every_server else None)
-            if requests:
-                self._all(requests)
+            per_ep = self.split_grads(grads)
+            meta = {"steps": popped} if self.push_to_every_server else None
+            if pull:
+                self.push_and_pull_dense(per_ep, meta)
+            else:
+                requests = self._requests("push", per_ep, meta)
+                if requests:
+                    self._all(requests)
             self._count("sends")
         return popped, done
 
@@ -393,14 +399,13 @@ class AsyncCommunicator(Communicator):
     def _send_loop(self):
         try:
             while not self._stop.is_set():
-                sent, done = self._drain()
+                # without a recv thread each round pulls the dense parameters after its push
+                sent, done = self._drain(pull=not self.independent_recv)
                 if sent:
                     if self.independent_recv:
                         with self._cv:
                             self._sent_since_recv += sent
                             self._cv.notify_all()
-                    else:
-                        self.pull_dense()
                     self._finish_steps(done)
                 else:
                     with self._cv:

@@ -278,14 +278,19 @@ class ParameterServer(ElasticOps, SaveOps):
 
     def _op_pull_dense(self, req):
         names = list(req.meta.get("blocks", ()))
+        req.reply(names=names, arrays=self._dense_values(req.worker, names))
+
+    def _dense_values(self, worker, names):
+        """The values of the dense blocks ``names`` as ``worker`` pulls them (copies;
+        DC-ASGD keeps each as the worker's backup)."""
         out = []
         for name in names:
             _, _, table = self._dense(name)
             value = table.pull()
             if self.dc_asgd:
-                self._bak[(req.worker, name)] = value.copy()
+                self._bak[(worker, name)] = value.copy()
             out.append(value)
-        req.reply(names=names, arrays=out)
+        return out
 
     def _op_pull_sparse(self, req):
         """Rows of an is_sparse block (global row ids) or of the distributed shard (ids).
@@ -391,7 +396,12 @@ class ParameterServer(ElasticOps, SaveOps):
 
     def _op_push(self, req):
         """Async / half-async: apply every gradient now, or once ``merge_pushes`` of its
-        pushes are in (their mean, as one update)."""
+        pushes are in (their mean, as one update). With meta "pull" (dense block names)
+        the reply holds those blocks' values after this push, as a ``pull_dense`` sent
+        right after it would (one request instead of two per step)."""
+        pulls = list(req.meta.get("pull", ()))
+        for name in pulls:
+            self._dense(name)
         grads = self._checked_grads(req)
         if self.merge_pushes == 1:
             self._step_lr()
@@ -402,7 +412,7 @@ class ParameterServer(ElasticOps, SaveOps):
                 self._pending.setdefault(name, []).append(grad)
             self._pending_pushes += 1
             self._apply_pending()
-        req.reply()
+        req.reply(names=pulls, arrays=self._dense_values(req.worker, pulls))
 
     def _merge_window(self):
         """Pushes per update: merge_pushes (0: one per worker still training), scaled down
