@@ -171,19 +171,25 @@ class ParameterServer(ElasticOps, SaveOps):
 
     # ------------------------------------------------------------------ helpers
     def warm_up(self):
-        """Runs every kernel the workers' pulls and pushes will run here once, on scratch
-        tables of two rows with the same rules, so numba loads (or compiles) them now,
-        while the workers start, not on the first requests of the first pass (where each
-        worker would wait for it). Changes nothing this server holds. Blocks (well under
-        a second with numba's cache filled)."""
-        lr = 0.0
+        """Runs every kernel the workers' pulls and pushes will run here once (GEO: its
+        adds and reads of changed rows), on scratch tables of two rows with the same
+        rules, so numba loads (or compiles) them now, while the workers start, not on the
+        first requests of the first pass (where each worker would wait for it). Changes
+        nothing this server holds. Blocks (well under a second with numba's cache filled)."""
+        lr, geo = 0.0, self.mode == "geo"
+        track = 1 if geo else 0
         for pplan, block, table in self.blocks.values():
             rule = rule_from_op_attrs(pplan.rule_type, pplan.rule_attrs)
-            scratch = DenseTable(block.name, np.zeros((2,) + tuple(table.shape[1:]), np.float32), rule)
+            scratch = DenseTable(block.name, np.zeros((2,) + tuple(table.shape[1:]), np.float32), rule,
+                                 track_workers=track)
             scratch.push(scratch.pull(), lr)
             if len(table.shape) == 2:
                 rows = np.array([1, 0, 1], dtype=np.int64)
-                scratch.push_rows(rows, scratch.pull_rows(rows), lr)
+                values = scratch.pull_rows(rows)
+                scratch.push_rows(rows, values, lr)
+                if geo:
+                    scratch.add_rows(rows, values)
+                    scratch.pull_changed(0)
         for pplan, table in self.shards.values():
             rule = rule_from_op_attrs(pplan.rule_type, pplan.rule_attrs)
             scratch = SparseTable(pplan.name, pplan.width, rule, pplan.init_spec, seed=pplan.seed,
@@ -193,7 +199,7 @@ class ParameterServer(ElasticOps, SaveOps):
                 values = scratch.pull_train(ids, np.ones(3, np.float32), np.zeros(3, np.float32))
             else:
                 values = scratch.pull(ids, create=True)
-            scratch.push(ids, values, lr)
+            scratch.push(ids, values, lr)  # (GEO has no distributed tables)
 
     def _dense(self, name):
         entry = self.blocks.get(name)
