@@ -6,15 +6,16 @@
   queued it waits, as Paddle's, up to ``send_wait_times`` periods of 10 ms for each
   further step, so the steps of a worker's threads meet in one push), sends, and pulls
   dense parameters after each round (the push's reply carries them: one round trip), or
-  a recv thread pulls after ``min_send_grad_num_before_recv`` sends. Pipelined with bounded staleness: a training
-  thread's step t+1 starts only once its step t-1 was sent and the dense parameters pulled
-  after it, and the sparse rows of its next batch are pulled in the background during
-  the current step, after its previous step was sent; so each step computes on
-  parameters that hold every one of this thread's updates but the last (at most one
-  batch of its own staleness) while the network work overlaps the computation. Threads
-  in lock step (the hybrid strategy, or a Reduce build strategy) are pipelined the same
-  way per step: ``prepare_step`` pulls the rows of every batch of the next step at once
-  (one request per server and table), after the previous step was sent.
+  a recv thread pulls after ``min_send_grad_num_before_recv`` sends. Pipelined with
+  bounded staleness: a training thread's step t+1 starts only once its step t-1 was sent
+  and the dense parameters pulled after it, and the sparse rows of its next batch are
+  pulled in the background during the current step, after its previous step was sent;
+  so each step computes on parameters that hold every one of this thread's updates but
+  the last (at most one batch of its own staleness) while the network work overlaps the
+  computation. Threads in lock step (the hybrid strategy, or a Reduce build strategy)
+  are pipelined the same way per step: ``prepare_step`` pulls the rows of every batch of
+  the next step at once (one request per server and table), after the previous step was
+  sent.
 """
 import collections
 import concurrent.futures

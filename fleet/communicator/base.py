@@ -226,8 +226,8 @@ class Communicator(CommunicatorAPI):
         with its dense blocks' values after applying it; the others get a ``pull_dense``
         in the same round. Blocks until every server answered.
 
-        Returns:
-            True if any push was sent.
+        Raises:
+            DataError: a server answered without the dense blocks asked for (names it).
         """
         requests = self._requests("push", per_endpoint, meta)
         for ep, names in self._dense_blocks().items():
@@ -235,7 +235,6 @@ class Communicator(CommunicatorAPI):
                 requests[ep][3]["pull"] = names
             else:
                 requests[ep] = ("pull_dense", [], [], {"blocks": names})
-        pushed = any(op == "push" for op, _, _, _ in requests.values())
         replies = self._all(requests)
         self._count("pulls")
         for ep, reply in replies.items():
@@ -244,7 +243,6 @@ class Communicator(CommunicatorAPI):
                 raise DataError(f"server {ep} answered {requests[ep][0]!r} with blocks {reply.names}, not the "
                                 f"dense blocks {asked} asked for; run the same fleet version on every process")
             self._write_blocks(reply.names, reply.arrays)
-        return pushed
 
     def _write_blocks(self, names, arrays):
         for name, value in zip(names, arrays):

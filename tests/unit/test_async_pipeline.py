@@ -10,9 +10,9 @@ import pytest
 
 import fleet.framework as fw
 from fleet import layers, optimizer
-from fleet.communicator import make_communicator
-from fleet.communicator import asynchronous
+from fleet.communicator import asynchronous, make_communicator
 from fleet.communicator.asynchronous import AsyncCommunicator
+from fleet.errors import DataError
 from fleet.framework.tensor import LoDTensor, SparseRows
 from fleet.transpiler.plan import build_plan
 from fleet.transport import Client, ServerSocket, serving
@@ -349,3 +349,17 @@ def test_each_step_goes_in_one_push_with_every_gradient(monkeypatch):
         comm.flush()
     assert len(pushes) == 10
     assert all(p == pushes[0] and len(p) == 3 for p in pushes), pushes  # w, t@ROWS, t@VALUES
+
+
+def test_a_push_answered_without_the_dense_blocks_asked_for_is_an_error_naming_the_server():
+    def handler(request):  # a server that ignores the push's "pull"
+        request.reply()
+
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serving(ServerSocket("127.0.0.1:0"), handler, poll_ms=5, threaded=True))
+        plan = _plan("async", server.endpoint)
+        comm = make_communicator("async", plan, 0, fw.Scope(), FLAGS, connect=lambda ep: Client(ep, 0, timeout_ms=10000))
+        comm.start()
+        stack.callback(comm.stop)
+        with pytest.raises(DataError, match=f"server {server.endpoint} answered 'push' with blocks"):
+            comm.push_and_pull_dense(comm.split_grads(_grads(plan)))
