@@ -642,6 +642,7 @@ class ServerRuntime:
         if self.server is None:
             self.init_server()
         ps = self.server
+        ps.warm_up()
         interval_ms, timeout_ms = heartbeat_settings()
         stop = threading.Event()
         with ServerSocket(self.endpoint, curve=_curve()) as sock:

@@ -5,16 +5,17 @@
   ``max_merge_var_num`` steps per parameter (sum for SGD, mean otherwise; with fewer
   queued it waits, as Paddle's, up to ``send_wait_times`` periods of 10 ms for each
   further step, so the steps of a worker's threads meet in one push), sends, and pulls
-  dense parameters after each round, or a recv thread pulls after
-  ``min_send_grad_num_before_recv`` sends. Pipelined with bounded staleness: a training
-  thread's step t+1 starts only once its step t-1 was sent and the dense parameters pulled
-  after it, and the sparse rows of its next batch are pulled in the background during
-  the current step, after its previous step was sent; so each step computes on
-  parameters that hold every one of this thread's updates but the last (at most one
-  batch of its own staleness) while the network work overlaps the computation. Threads
-  in lock step (the hybrid strategy, or a Reduce build strategy) are pipelined the same
-  way per step: ``prepare_step`` pulls the rows of every batch of the next step at once
-  (one request per server and table), after the previous step was sent.
+  dense parameters after each round (the push's reply carries them: one round trip), or
+  a recv thread pulls after ``min_send_grad_num_before_recv`` sends. Pipelined with
+  bounded staleness: a training thread's step t+1 starts only once its step t-1 was sent
+  and the dense parameters pulled after it, and the sparse rows of its next batch are
+  pulled in the background during the current step, after its previous step was sent;
+  so each step computes on parameters that hold every one of this thread's updates but
+  the last (at most one batch of its own staleness) while the network work overlaps the
+  computation. Threads in lock step (the hybrid strategy, or a Reduce build strategy)
+  are pipelined the same way per step: ``prepare_step`` pulls the rows of every batch of
+  the next step at once (one request per server and table), after the previous step was
+  sent.
 """
 import collections
 import concurrent.futures
@@ -255,13 +256,21 @@ class AsyncCommunicator(Communicator):
         with self._cv:
             self._senders.add(threading.get_ident())
         self._count("steps_queued")
-        queued = False
-        for name, value in grads.items():
-            q = self._queues.get(name)
-            if q is None or value is None:
-                continue
-            queued = True
-            item = (_copy(value), done)
+        items = [(self._queues[name], name, (_copy(value), done)) for name, value in grads.items()
+                 if value is not None and name in self._queues]
+        if not items:
+            self._finish_steps((done,))
+            return
+        with self._cv:
+            # The whole step at once when every queue has room: the send thread takes
+            # items under this lock, so it never sends part of a step in one round and
+            # the rest in the next (two pushes and two dense pulls for one step).
+            if all(q.maxsize <= 0 or q.qsize() < q.maxsize for q, _, _ in items):
+                for q, _, item in items:
+                    q.put_nowait(item)
+                self._cv.notify()
+                return
+        for q, name, item in items:  # some queue is full: one by one, blocking (back-pressure)
             started = time.monotonic()
             deadline = started + self.put_timeout
             wait = None
@@ -282,8 +291,6 @@ class AsyncCommunicator(Communicator):
                             f"servers {self.endpoints} are not taking gradients (check their logs)")
             with self._cv:
                 self._cv.notify()
-        if not queued:
-            self._finish_steps((done,))
 
     def _steps_to_merge(self):
         """How many queued steps the next round merges: up to max_merge. With fewer queued,
@@ -312,9 +319,11 @@ class AsyncCommunicator(Communicator):
             self._senders.discard(threading.get_ident())
         super().thread_finished()
 
-    def _drain(self, wait=True):
+    def _drain(self, wait=True, pull=False):
         """One round: pop up to max_merge steps per parameter (waiting for them as
-        ``_steps_to_merge`` says when ``wait``), merge, send.
+        ``_steps_to_merge`` says when ``wait``), merge, send; with ``pull``, also refresh
+        the dense parameters in the same round trip (``push_and_pull_dense``) when
+        anything was sent.
 
         Returns:
             (items sent, the rounds' Events of the steps they came from).
@@ -323,24 +332,39 @@ class AsyncCommunicator(Communicator):
         popped = 0
         done = set()
         steps = self._steps_to_merge() if wait and self.max_merge > 1 else self.max_merge
-        for name, q in self._queues.items():
-            items = []
-            while len(items) < max(steps, 1):
-                try:
-                    items.append(q.get_nowait())
-                except queue.Empty:
-                    break
-            if items:
-                popped = max(popped, len(items))
-                done.update(ev for _, ev in items)
-                grads[name] = reduce_gradients([g for g, _ in items], average=not self.sum_merge)
+        taken = {}
+        with self._cv:  # whole steps: see send()
+            for name, q in self._queues.items():
+                items = []
+                while len(items) < max(steps, 1):
+                    try:
+                        items.append(q.get_nowait())
+                    except queue.Empty:
+                        break
+                if items:
+                    taken[name] = items
+        for name, items in taken.items():
+            popped = max(popped, len(items))
+            done.update(ev for _, ev in items)
+            grads[name] = self._merged([g for g, _ in items])
         if grads:
-            requests = self._requests("push", self.split_grads(grads),
-                                      {"steps": popped} if self.push_to_every_server else None)
-            if requests:
-                self._all(requests)
+            per_ep = self.split_grads(grads)
+            meta = {"steps": popped} if self.push_to_every_server else None
+            if pull:
+                self.push_and_pull_dense(per_ep, meta)
+            else:
+                requests = self._requests("push", per_ep, meta)
+                if requests:
+                    self._all(requests)
             self._count("sends")
         return popped, done
+
+    def _merged(self, values):
+        """One round's gradient of a parameter from its queued steps' (private copies,
+        see ``send``): a single step is sent as it is."""
+        if len(values) == 1:
+            return values[0]
+        return reduce_gradients(values, average=not self.sum_merge)
 
     def _finish_steps(self, events):
         """Marks the steps of ``events`` sent (their training threads may go on) and counts
@@ -376,14 +400,13 @@ class AsyncCommunicator(Communicator):
     def _send_loop(self):
         try:
             while not self._stop.is_set():
-                sent, done = self._drain()
+                # without a recv thread each round pulls the dense parameters after its push
+                sent, done = self._drain(pull=not self.independent_recv)
                 if sent:
                     if self.independent_recv:
                         with self._cv:
                             self._sent_since_recv += sent
                             self._cv.notify_all()
-                    else:
-                        self.pull_dense()
                     self._finish_steps(done)
                 else:
                     with self._cv:

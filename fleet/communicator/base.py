@@ -203,16 +203,45 @@ class Communicator(CommunicatorAPI):
                 for ep, (names, arrays) in per_endpoint.items() if names or meta}
 
     # ------------------------------------------------------------------ parameters
-    def pull_dense(self, params=None):
-        """Refreshes dense parameters in the scope (in place) from the servers; blocks."""
-        params = self.dense if params is None else params
+    def _dense_blocks(self, params=None):
+        """{endpoint: [names of the dense blocks it holds]} of ``params`` (default: all)."""
         per_ep = {}
-        for p in params:
+        for p in self.dense if params is None else params:
             for b in p.blocks:
                 per_ep.setdefault(b.endpoint, []).append(b.name)
+        return per_ep
+
+    def pull_dense(self, params=None):
+        """Refreshes dense parameters in the scope (in place) from the servers; blocks."""
+        per_ep = self._dense_blocks(params)
         replies = self._all({ep: ("pull_dense", [], [], {"blocks": names}) for ep, names in per_ep.items()})
         self._count("pulls")
         for ep, reply in replies.items():
+            self._write_blocks(reply.names, reply.arrays)
+
+    def push_and_pull_dense(self, per_endpoint, meta=None):
+        """Sends a step's ``push`` requests (``split_grads``'s {endpoint: (names, arrays)})
+        and refreshes every dense parameter in the scope, as ``push`` followed by
+        ``pull_dense`` would, in one round trip: a server that gets a push answers it
+        with its dense blocks' values after applying it; the others get a ``pull_dense``
+        in the same round. Blocks until every server answered.
+
+        Raises:
+            DataError: a server answered without the dense blocks asked for (names it).
+        """
+        requests = self._requests("push", per_endpoint, meta)
+        for ep, names in self._dense_blocks().items():
+            if ep in requests:
+                requests[ep][3]["pull"] = names
+            else:
+                requests[ep] = ("pull_dense", [], [], {"blocks": names})
+        replies = self._all(requests)
+        self._count("pulls")
+        for ep, reply in replies.items():
+            asked = requests[ep][3].get("pull", requests[ep][3].get("blocks"))
+            if reply.names != asked:
+                raise DataError(f"server {ep} answered {requests[ep][0]!r} with blocks {reply.names}, not the "
+                                f"dense blocks {asked} asked for; run the same fleet version on every process")
             self._write_blocks(reply.names, reply.arrays)
 
     def _write_blocks(self, names, arrays):

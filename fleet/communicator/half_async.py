@@ -15,8 +15,5 @@ class HalfAsyncCommunicator(Communicator):
     def send(self, grads):
         """Sends the step's gradients (applied on arrival), then pulls fresh dense
         parameters; blocks until both are done."""
-        requests = self._requests("push", self.split_grads(grads))
-        if requests:
-            self._all(requests)
+        self.push_and_pull_dense(self.split_grads(grads))
         self._count("sends")
-        self.pull_dense()

@@ -170,6 +170,37 @@ class ParameterServer(ElasticOps, SaveOps):
         self.last_shrink = {}  # table -> rows the last shrink deleted here
 
     # ------------------------------------------------------------------ helpers
+    def warm_up(self):
+        """Runs every kernel the workers' pulls and pushes will run here once (GEO: its
+        adds and reads of changed rows), on scratch tables of two rows with the same
+        rules, so numba loads (or compiles) them now, while the workers start, not on the
+        first requests of the first pass (where each worker would wait for it). Changes
+        nothing this server holds. Blocks (well under a second with numba's cache filled)."""
+        lr, geo = 0.0, self.mode == "geo"
+        track = 1 if geo else 0
+        for pplan, block, table in self.blocks.values():
+            rule = rule_from_op_attrs(pplan.rule_type, pplan.rule_attrs)
+            scratch = DenseTable(block.name, np.zeros((2,) + tuple(table.shape[1:]), np.float32), rule,
+                                 track_workers=track)
+            scratch.push(scratch.pull(), lr)
+            if len(table.shape) == 2:
+                rows = np.array([1, 0, 1], dtype=np.int64)
+                values = scratch.pull_rows(rows)
+                scratch.push_rows(rows, values, lr)
+                if geo:
+                    scratch.add_rows(rows, values)
+                    scratch.pull_changed(0)
+        for pplan, table in self.shards.values():
+            rule = rule_from_op_attrs(pplan.rule_type, pplan.rule_attrs)
+            scratch = SparseTable(pplan.name, pplan.width, rule, pplan.init_spec, seed=pplan.seed,
+                                  **table_options(pplan))
+            ids = np.array([3, 1, 3], dtype=np.int64)
+            if pplan.has_statistics:
+                values = scratch.pull_train(ids, np.ones(3, np.float32), np.zeros(3, np.float32))
+            else:
+                values = scratch.pull(ids, create=True)
+            scratch.push(ids, values, lr)  # (GEO has no distributed tables)
+
     def _dense(self, name):
         entry = self.blocks.get(name)
         if entry is None:
@@ -253,14 +284,19 @@ class ParameterServer(ElasticOps, SaveOps):
 
     def _op_pull_dense(self, req):
         names = list(req.meta.get("blocks", ()))
+        req.reply(names=names, arrays=self._dense_values(req.worker, names))
+
+    def _dense_values(self, worker, names):
+        """The values of the dense blocks ``names`` as ``worker`` pulls them (copies;
+        DC-ASGD keeps each as the worker's backup)."""
         out = []
         for name in names:
             _, _, table = self._dense(name)
             value = table.pull()
             if self.dc_asgd:
-                self._bak[(req.worker, name)] = value.copy()
+                self._bak[(worker, name)] = value.copy()
             out.append(value)
-        req.reply(names=names, arrays=out)
+        return out
 
     def _op_pull_sparse(self, req):
         """Rows of an is_sparse block (global row ids) or of the distributed shard (ids).
@@ -366,7 +402,12 @@ class ParameterServer(ElasticOps, SaveOps):
 
     def _op_push(self, req):
         """Async / half-async: apply every gradient now, or once ``merge_pushes`` of its
-        pushes are in (their mean, as one update)."""
+        pushes are in (their mean, as one update). With meta "pull" (dense block names)
+        the reply holds those blocks' values after this push, as a ``pull_dense`` sent
+        right after it would (one request instead of two per step)."""
+        pulls = list(req.meta.get("pull", ()))
+        for name in pulls:
+            self._dense(name)
         grads = self._checked_grads(req)
         if self.merge_pushes == 1:
             self._step_lr()
@@ -377,7 +418,7 @@ class ParameterServer(ElasticOps, SaveOps):
                 self._pending.setdefault(name, []).append(grad)
             self._pending_pushes += 1
             self._apply_pending()
-        req.reply()
+        req.reply(names=pulls, arrays=self._dense_values(req.worker, pulls))
 
     def _merge_window(self):
         """Pushes per update: merge_pushes (0: one per worker still training), scaled down

@@ -10,8 +10,9 @@ import pytest
 
 import fleet.framework as fw
 from fleet import layers, optimizer
-from fleet.communicator import make_communicator
+from fleet.communicator import asynchronous, make_communicator
 from fleet.communicator.asynchronous import AsyncCommunicator
+from fleet.errors import DataError
 from fleet.framework.tensor import LoDTensor, SparseRows
 from fleet.transpiler.plan import build_plan
 from fleet.transport import Client, ServerSocket, serving
@@ -20,6 +21,12 @@ from test_communicator_liveness import _plan
 
 PUSH_DELAY_S = 0.3
 FLAGS = {"communicator_send_queue_size": 1, "communicator_max_merge_var_num": 1, "put_timeout_s": 30}
+
+
+def _answer_push(request):
+    """Answers a push with the dense blocks it asks for (zeros), as a server does."""
+    pulls = request.meta.get("pull", [])
+    request.reply(pulls, [np.zeros((6, 2), np.float32) for _ in pulls])
 
 
 class SlowPushServer:
@@ -40,7 +47,8 @@ class SlowPushServer:
 
             def answer():
                 self._note("sent push")
-                request.reply()
+                pulls = request.meta.get("pull", [])  # the dense values after the push
+                request.reply(pulls, [np.full((6, 2), 5.0, np.float32) for _ in pulls])
             threading.Timer(PUSH_DELAY_S, answer).start()
         elif request.op == "pull_dense":
             request.reply(request.meta["blocks"], [np.zeros((6, 2), np.float32)])
@@ -100,8 +108,8 @@ def test_a_step_waits_until_the_step_before_it_was_sent(job):
     assert time.monotonic() - start < PUSH_DELAY_S / 2
     comm.send(_grads(plan))  # step 2: waits for step 1's push and the pull after it
     assert time.monotonic() - start >= PUSH_DELAY_S
-    sent = server.first("sent push")
-    assert [w for _, w in server.log[sent:sent + 2]] == ["sent push", "got pull_dense"]
+    np.testing.assert_array_equal(comm.scope["w"], np.full((6, 2), 5.0))  # pulled with the push's answer
+    assert not any(w == "got pull_dense" for _, w in server.log)  # one round trip per step
 
 
 def test_rows_pulled_ahead_are_used_in_the_trainers_order(job):
@@ -133,7 +141,7 @@ def merging_job():
     def handler(request):
         if request.op == "push":
             pushes.append(np.array(request.arrays[0]))
-            request.reply()
+            _answer_push(request)
         elif request.op == "pull_dense":
             request.reply(request.meta["blocks"], [np.zeros((6, 2), np.float32)])
         else:
@@ -262,7 +270,7 @@ def two_servers():
         def handle(request):
             if request.op == "push":
                 pushes[index].append(list(request.names))
-                request.reply()
+                _answer_push(request)
             elif request.op == "pull_dense":
                 request.reply(request.meta["blocks"], [np.zeros((6, 2), np.float32)])
             else:
@@ -304,3 +312,54 @@ def test_a_hybrid_worker_pushes_to_every_server_each_step(two_servers):
         assert pushes[other] == ([[]] if every else [])
         pushes[0].clear()
         pushes[1].clear()
+
+
+def test_each_step_goes_in_one_push_with_every_gradient(monkeypatch):
+    """A step's dense and sparse gradients are queued together, so the send thread never
+    pushes part of a step (and pulls the dense parameters) and the rest in a second round,
+    however long copying the step's gradients takes."""
+    pushes = []
+    copy = asynchronous._copy
+
+    def slow_copy(value):
+        time.sleep(0.02)  # a large gradient: the send thread is free to run meanwhile
+        return copy(value)
+
+    monkeypatch.setattr(asynchronous, "_copy", slow_copy)
+
+    def handler(request):
+        if request.op == "push":
+            pushes.append(sorted(request.names))
+            _answer_push(request)
+        elif request.op == "pull_dense":
+            request.reply(request.meta["blocks"], [np.zeros((6, 2), np.float32)])
+        else:
+            request.reply()
+
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serving(ServerSocket("127.0.0.1:0"), handler, poll_ms=5, threaded=True))
+        plan = _plan("async", server.endpoint)
+        comm = make_communicator("async", plan, 0, fw.Scope(), FLAGS, connect=lambda ep: Client(ep, 0, timeout_ms=10000))
+        comm.start()
+        stack.callback(comm.stop)
+        grads = {plan.params["w"].grad: np.ones((6, 2), np.float32),
+                 plan.params["t"].grad: SparseRows(np.array([1, 4], np.int64), np.ones((2, 2), np.float32), 50)}
+        for _ in range(10):
+            comm.send(grads)
+        comm.flush()
+    assert len(pushes) == 10
+    assert all(p == pushes[0] and len(p) == 3 for p in pushes), pushes  # w, t@ROWS, t@VALUES
+
+
+def test_a_push_answered_without_the_dense_blocks_asked_for_is_an_error_naming_the_server():
+    def handler(request):  # a server that ignores the push's "pull"
+        request.reply()
+
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serving(ServerSocket("127.0.0.1:0"), handler, poll_ms=5, threaded=True))
+        plan = _plan("async", server.endpoint)
+        comm = make_communicator("async", plan, 0, fw.Scope(), FLAGS, connect=lambda ep: Client(ep, 0, timeout_ms=10000))
+        comm.start()
+        stack.callback(comm.stop)
+        with pytest.raises(DataError, match=f"server {server.endpoint} answered 'push' with blocks"):
+            comm.push_and_pull_dense(comm.split_grads(_grads(plan)))

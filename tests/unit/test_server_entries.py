@@ -16,6 +16,7 @@ from fleet.transpiler.plan import build_plan
 from fleet.transpiler.worker_program import transpile_worker
 from strategies import DistributedStrategyFactory
 from test_local_tables import _batches, _feed, _model
+from test_server_liveness import handle
 
 pytestmark = pytest.mark.usefixtures("fresh_fleet")
 
@@ -208,3 +209,51 @@ def test_async_pulls_ahead_carry_each_batchs_statistics_exactly_once(tmp_path, m
     for row_id, (show, click) in expected.items():
         assert tuple(rows[row_id][1][:2]) == (show, click), row_id
     job.comm.stop()
+
+
+@pytest.mark.parametrize("entry", [fleet.CountFilterEntry(2), fleet.ShowClickEntry("show", "click")])
+def test_a_servers_warm_up_runs_its_kernels_and_changes_nothing_it_holds(entry):
+    main, startup, _, _, _ = _model(entry, optimizer=fleet.optimizer.Adam(0.1))
+    job = Job(main, startup, 2, mode="async")
+    for feed in _batches(3):
+        job.run(feed)
+    job.comm.flush()
+    before = {ep: ({n: t.state_dict() for n, (_, _, t) in ps.blocks.items()},
+                   {n: t.state_dict() for n, (_, t) in ps.shards.items()}, ps.updates, ps.lr_step)
+              for ep, ps in job.servers.items()}
+    assert any(len(shards["emb"]["ids"]) for _, shards, _, _ in before.values())
+    for ps in job.servers.values():
+        ps.warm_up()
+    for ep, ps in job.servers.items():
+        blocks, shards, updates, lr_step = before[ep]
+        assert (ps.updates, ps.lr_step) == (updates, lr_step)
+        for name, (_, _, table) in ps.blocks.items():
+            _assert_same_state(table.state_dict(), blocks[name])
+        for name, (_, table) in ps.shards.items():
+            _assert_same_state(table.state_dict(), shards[name])
+
+
+def _assert_same_state(got, expected):
+    assert sorted(got) == sorted(expected)
+    for key, value in expected.items():
+        if isinstance(value, dict):
+            _assert_same_state(got[key], value)
+        else:
+            np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_a_geo_servers_warm_up_changes_no_block_and_marks_no_row_changed():
+    main, startup = fw.Program(), fw.Program()
+    with fw.program_guard(main, startup):
+        ids = fleet.layers.data("ids", shape=[1], dtype="int64", lod_level=1)
+        e = fleet.layers.sequence_pool(fleet.layers.embedding(ids, size=[100, 2], is_sparse=True, param_attr="t"),
+                                       "sum")
+        fleet.optimizer.SGD(0.1).minimize(fleet.layers.mean(fleet.layers.fc(e, 2, param_attr="w")))
+    plan = build_plan(main, DistributedStrategyFactory.create_geo_strategy(4), endpoints(1), 2)
+    ps = ParameterServer(plan.server_endpoints[0], plan, startup_values(startup))
+    handle(ps, "geo_push", 0, ["t@ROWS", "t@VALUES"], [np.array([4, 9], np.int64), np.ones((2, 2), np.float32)])
+    before = {name: table.state_dict() for name, (_, _, table) in ps.blocks.items()}
+    ps.warm_up()
+    for name, (_, _, table) in ps.blocks.items():
+        _assert_same_state(table.state_dict(), before[name])
+    assert ps.blocks["t"][2].pull_changed(1)[0].tolist() == [4, 9]  # worker 1 sees worker 0's rows only

@@ -102,3 +102,20 @@ def test_the_hybrid_strategy_merges_one_push_per_worker_by_default():
 
     assert DistributedStrategyFactory.create_hybrid_strategy().get_program_config().merge_async_pushes == 0
     assert DistributedStrategyFactory.create_async_strategy().get_program_config().merge_async_pushes == 1
+
+
+def test_a_push_asking_for_dense_blocks_is_answered_with_their_values_after_it():
+    ps = merging(workers=1, merge=1)
+    req = handle(ps, "push", 0, ["w"], [np.full((7, 2), 3.0, np.float32)], {"pull": ["w", "b"]})
+    assert req.answer[0] == "ok", req.answer
+    names, arrays = req.answer[1], req.answer[2]
+    assert names == ["w", "b"]
+    np.testing.assert_allclose(arrays[0], 1.0 - LR * 3.0)  # the update applied, then read
+    np.testing.assert_array_equal(arrays[1], 0.0)
+
+
+def test_a_push_asking_for_an_unknown_block_is_refused_before_it_is_applied():
+    ps = merging(workers=1, merge=1)
+    req = handle(ps, "push", 0, ["w"], [np.full((7, 2), 3.0, np.float32)], {"pull": ["nope"]})
+    assert req.answer[0] == "error" and "'nope'" in req.answer[1]
+    np.testing.assert_array_equal(w_value(ps), 1.0)
