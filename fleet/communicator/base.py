@@ -230,15 +230,17 @@ class Communicator(CommunicatorAPI):
             DataError: a server answered without the dense blocks asked for (names it).
         """
         requests = self._requests("push", per_endpoint, meta)
-        for ep, names in self._dense_blocks().items():
+        dense = self._dense_blocks()  # empty when the servers hold no dense block (hybrid)
+        for ep, names in dense.items():
             if ep in requests:
                 requests[ep][3]["pull"] = names
             else:
                 requests[ep] = ("pull_dense", [], [], {"blocks": names})
         replies = self._all(requests)
-        self._count("pulls")
+        if dense:
+            self._count("pulls")
         for ep, reply in replies.items():
-            asked = requests[ep][3].get("pull", requests[ep][3].get("blocks"))
+            asked = dense.get(ep, [])
             if reply.names != asked:
                 raise DataError(f"server {ep} answered {requests[ep][0]!r} with blocks {reply.names}, not the "
                                 f"dense blocks {asked} asked for; run the same fleet version on every process")
