@@ -231,6 +231,23 @@ def test_the_ring_path_with_many_chunks_per_segment_and_large_arrays(groups):
     assert [a - b for a, b in zip(after, before)] == [3] * 4  # direct: the array to each other rank
 
 
+def test_two_ranks_exchange_directly_below_2_mib_and_go_round_the_ring_from_there(free_ports_module):
+    ranks = Ranks([f"127.0.0.1:{p}" for p in free_ports_module(2)])
+    try:
+        ok(ranks.join())
+        assert ok(ranks.run(lambda g: g.ring_min_bytes)) == [group_module.TWO_RANK_RING_MIN_BYTES] * 2
+        for floats, messages in ((400_000, 1), (600_000, 1 + 2)):  # 1.6 MB: direct; 2.4 MB: descriptor + 2 chunks
+            parts = [data(r, "float32", (floats,), 3) for r in range(2)]
+            before = ok(ranks.run(lambda g: g.stats()["messages_sent"]))
+            results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "sum")))
+            after = ok(ranks.run(lambda g: g.stats()["messages_sent"]))
+            np.testing.assert_array_equal(results[0], parts[0] + parts[1])
+            assert results[0].tobytes() == results[1].tobytes()
+            assert [a - b for a, b in zip(after, before)] == [messages] * 2
+    finally:
+        ranks.close()
+
+
 def test_the_input_is_not_modified_and_the_result_is_a_new_array(groups):
     ranks = groups[3]
     for ring in (False, True):
