@@ -28,9 +28,11 @@ ring: reduce-scatter then all-gather, every segment cut into chunks of ``chunk_b
 one chunk overlaps the reduction of the next (bandwidth-optimal: each rank sends and
 receives 2(N-1)/N of the array). Smaller arrays go by a direct exchange (every rank sends
 its array to every other: one network latency). ``benchmarks/bench_collective.py``
-measures the crossover. Results are bit-identical on every rank: in the direct exchange
-every rank sums in rank order; in the ring each chunk's final value is computed once, on
-one rank, and then copied to the others.
+measures the crossover. A group of 2 ranks uses the ring only from
+``TWO_RANK_RING_MIN_BYTES`` (2 MiB) on: there both send the same bytes. Results are
+bit-identical on every rank: in the direct exchange every rank sums in rank order; in the
+ring each chunk's final value is computed once, on one rank, and then copied to the
+others.
 
 Shared memory: when every rank runs on this host (``shared_segment.host_identity()``,
 exchanged when joining) and none sets FLEET_GROUP_SHM=0, ``all_reduce`` of arrays of
@@ -94,6 +96,15 @@ limit, 4 MiB chunks took ~25% less CPU time than 1 MiB ones for a 64 MiB all_red
 2 processes (benchmarks/bench_collective.py). Larger chunks still save a little there,
 but a segment of one chunk leaves a link idle while the next rank reduces it: 4 MiB keeps
 two or more chunks per segment for arrays of 8 MiB per rank and more."""
+TWO_RANK_RING_MIN_BYTES = 2 << 20
+"""RING_MIN_BYTES of a group of 2 ranks. There the ring sends each rank as many bytes as
+the direct exchange (half the array, then the other half reduced, vs the whole array
+once) but needs two latencies instead of one, each a wake-up of the other process, which
+costs most on a busy host. Measured on one host (2 cores, loopback): idle, the direct
+exchange took as long as the ring at 1.6 MiB and longer from 4 MiB on (the ring overlaps
+the reduction of one chunk with the transfer of the next); in a hybrid CTR-DNN job (a
+1.6 MiB all-reduce per step, a server and 2 workers on the 2 cores) it took 1.0-2.5 ms
+once both ranks had arrived where the ring took 1.5-5.1 ms (6 interleaved runs)."""
 SHM_MIN_BYTES = 256 * 1024
 """Arrays of at least this many bytes are all-reduced through shared memory when every
 rank of the group is on this host (and FLEET_GROUP_SHM is not 0); smaller ones by direct
@@ -143,7 +154,8 @@ class WorkerGroup:
     Attributes:
         rank, size, endpoints: this rank, the number of ranks, every rank's endpoint.
         ring_min_bytes, chunk_bytes, shm_min_bytes: the algorithm settings (RING_MIN_BYTES,
-            CHUNK_BYTES, SHM_MIN_BYTES); every rank must use the same values.
+            or TWO_RANK_RING_MIN_BYTES in a group of 2; CHUNK_BYTES; SHM_MIN_BYTES); every
+            rank must use the same values.
         shared_memory: True when every rank runs on this host and allows shared memory
             (FLEET_GROUP_SHM is not 0 on any): all_reduce then goes through shared memory
             from ``shm_min_bytes`` on.
@@ -170,7 +182,7 @@ class WorkerGroup:
             raise ConfigError(f"curve={curve!r} is not a fleet.transport.curve.CurveConfig; pass "
                               f"CurveConfig.from_env() or None")
         self.curve = curve
-        self.ring_min_bytes = RING_MIN_BYTES
+        self.ring_min_bytes = RING_MIN_BYTES if self.size > 2 else TWO_RANK_RING_MIN_BYTES
         self.chunk_bytes = CHUNK_BYTES
         self.shm_min_bytes = SHM_MIN_BYTES
         self._host = host_identity() if shm_enabled() else None  # None: this rank shares no memory

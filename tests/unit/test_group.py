@@ -282,14 +282,32 @@ def test_fleet_group_shm_0_takes_the_zeromq_path(group_of, endpoints, monkeypatc
     monkeypatch.setenv("FLEET_GROUP_SHM", "0")
     ranks = group_of(2)
     assert ok(ranks.run(lambda g: g.shared_memory)) == [False, False]
-    parts = [data(r, "float64", (100_000,), 3) for r in range(2)]  # 800 KB: the ring
+    parts = [data(r, "float64", (100_000,), 3) for r in range(2)]  # 800 KB: direct (2 ranks, below 2 MiB)
     results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "sum")))
     np.testing.assert_array_equal(results[1], parts[0] + parts[1])
     stats = ok(ranks.run(lambda g: g.stats()))
-    assert [(s["shm_operations"], s["bytes_sent"]) for s in stats] == [(0, 800_000)] * 2  # the ring: 2(N-1)/N
+    assert [(s["shm_operations"], s["bytes_sent"]) for s in stats] == [(0, 800_000)] * 2  # the array once to the other rank
     monkeypatch.setenv("FLEET_GROUP_SHM", "yes")
     with pytest.raises(ConfigError, match=r"FLEET_GROUP_SHM='yes' is neither 0 nor 1; set it to 0 to make"):
         WorkerGroup(endpoints(2), 0)
+
+
+def test_two_ranks_exchange_directly_below_2_mib_and_go_round_the_ring_from_there(free_ports_module, monkeypatch):
+    monkeypatch.setenv("FLEET_GROUP_SHM", "0")  # the ZeroMQ paths (ranks on other hosts)
+    ranks = Ranks([f"127.0.0.1:{p}" for p in free_ports_module(2)])
+    try:
+        ok(ranks.join())
+        assert ok(ranks.run(lambda g: g.ring_min_bytes)) == [group_module.TWO_RANK_RING_MIN_BYTES] * 2
+        for floats, messages in ((400_000, 1), (600_000, 1 + 2)):  # 1.6 MB: direct; 2.4 MB: descriptor + 2 chunks
+            parts = [data(r, "float32", (floats,), 3) for r in range(2)]
+            before = ok(ranks.run(lambda g: g.stats()["messages_sent"]))
+            results = ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "sum")))
+            after = ok(ranks.run(lambda g: g.stats()["messages_sent"]))
+            np.testing.assert_array_equal(results[0], parts[0] + parts[1])
+            assert results[0].tobytes() == results[1].tobytes()
+            assert [a - b for a, b in zip(after, before)] == [messages] * 2
+    finally:
+        ranks.close()
 
 
 def test_the_input_is_not_modified_and_the_result_is_a_new_array(groups):
