@@ -97,6 +97,36 @@ def test_rows_that_come_with_the_step_answer_train_bit_identically_to_pulls_at_t
         assert old.clients[ep].requests.count("pull_sparse") > client.requests.count("pull_sparse")
 
 
+def test_lock_step_threads_get_the_rows_of_each_of_their_batches_as_each_pulled_them_after_the_step():
+    """Two threads' batches per step (``prepare_step``): one row pull per batch and table,
+    each with its own statistics, in thread order (as the threads' prefetch ops pull)."""
+    def train(cluster, ahead):
+        comm, feeds, seen = cluster.comm, _feeds(), []
+        steps = [feeds[i:i + 2] for i in range(0, len(feeds), 2)]
+        comm.begin_pass(2)
+        for step, batches in enumerate(steps):
+            if ahead and step + 1 < len(steps):
+                comm.prepare_step(steps[step + 1])
+            rows = [{"emb": comm.prefetch("emb", f["ids"]), "dtable": comm.prefetch("dtable", f["dids"])}
+                    for f in batches]
+            seen += [{t: (r.ids.copy(), r.values.copy()) for t, r in b.items()} for b in rows]
+            merged = {t: type("Rows", (), {"ids": np.union1d(rows[0][t].ids, rows[1][t].ids)}) for t in rows[0]}
+            comm.send(_grads(cluster.plan, step, merged))
+        comm.end_pass()
+        return seen
+
+    old, new = _cluster(), _cluster()
+    old_rows, new_rows = train(old, ahead=False), train(new, ahead=True)
+    for a, b in zip(old_rows, new_rows):
+        for table in a:
+            np.testing.assert_array_equal(a[table][1], b[table][1])
+    (_, old_tables), (_, new_tables) = old.whole(), new.whole()
+    for row_id, row in old_tables["dtable"].items():
+        for key, value in row.items():
+            np.testing.assert_array_equal(value, new_tables["dtable"][row_id][key], err_msg=f"{row_id} {key}")
+    assert new.comm.stats["prefetches_ahead_used"] == 2 * (STEPS - 2)
+
+
 def test_a_step_answer_without_the_rows_asked_for_is_an_error_naming_the_server():
     cluster = _cluster()
     ep = cluster.plan.server_endpoints[1]
