@@ -37,10 +37,12 @@ class _RowPull:
         self.rows = None
 
 
-@register("sync")
-class SyncCommunicator(Communicator):
-    mode = "sync"
-    requires_thread_barrier = True
+class RowsWithStep:
+    """The hooks of a communicator whose step's request also asks for the rows of the
+    next step's batches (sync and half-async; see ``send``): ``prepare_batch`` /
+    ``prepare_step`` name them, ``send`` attaches them (``_attach_rows``) and publishes
+    the answered rows (``_publish_rows``), the prefetch op takes them."""
+
     prefetch_ahead = True
 
     def __init__(self, *args, **kwargs):
@@ -107,7 +109,71 @@ class SyncCommunicator(Communicator):
                         return pull.rows
         return super().prefetch(table, ids, is_test, shows, clicks)
 
-    # ------------------------------------------------------------------ steps
+    def _rows_for_send(self):
+        """The row pulls the calling thread prepared for the step it sends now; forgets
+        the last step's rows (they were for this step's prefetch ops only)."""
+        with self._rows_lock:
+            self._ready = {}
+            return self._next.pop(threading.get_ident(), [])
+
+    def _attach_rows(self, requests, pulls, ops):
+        """Adds each pull of ``pulls`` to ``requests`` ({endpoint: (op, names, arrays,
+        meta)}, lists changed in place) as meta "rows" and arrays "k/ids"[, "k/shows",
+        "k/clicks"], when every server it needs gets a request whose op is in ``ops``
+        (else the prefetch op pulls it as before).
+
+        Returns:
+            (the pulls attached, {endpoint: [reply names of its rows]},
+            {endpoint: [(pull, positions of its ids)]}).
+        """
+        attached, asked, parts = [], {}, {}
+        for pull in pulls:
+            pplan = self.plan.params[pull.table]
+            routes = self._row_pulls(pplan, pull.uniq, False, pull.shows, pull.clicks)
+            if any(ep not in requests or requests[ep][0] not in ops for ep, *_ in routes):
+                continue
+            pull.rows = PrefetchedRows(pull.table, pull.uniq, np.empty((len(pull.uniq), pplan.width), np.float32),
+                                       pplan.rows if pplan.kind == SPARSE else 2 ** 63 - 1)
+            for ep, name, pnames, parrays, _, sel in routes:
+                _, names, arrays, meta = requests[ep]
+                spec = meta.setdefault("rows", [])
+                k = len(spec)
+                spec.append([name, len(parrays)])
+                names += [f"{k}/{n}" for n in pnames]
+                arrays += parrays
+                asked.setdefault(ep, []).append(f"{k}/{name}")
+                parts.setdefault(ep, []).append((pull, sel))
+            attached.append(pull)
+        return attached, asked, parts
+
+    @staticmethod
+    def _take_rows(ep, arrays, parts):
+        """Writes a server's answered rows (``arrays``, in the order asked) into their pulls.
+
+        Raises:
+            DataError: rows of the wrong shape (names the server).
+        """
+        for (pull, sel), values in zip(parts.get(ep, ()), arrays):
+            width = pull.rows.values.shape[1]
+            if values.shape != (len(sel), width):
+                raise DataError(f"server {ep} answered the rows of {pull.table!r} with shape {list(values.shape)}; "
+                                f"expected {[len(sel), width]}")
+            pull.rows.values[sel] = values
+
+    def _publish_rows(self, pulls):
+        """The answered ``pulls`` are for the next step's prefetch ops."""
+        ready = {}
+        for pull in pulls:
+            ready.setdefault(pull.table, []).append(pull)
+        with self._rows_lock:
+            self._ready = ready
+
+
+@register("sync")
+class SyncCommunicator(RowsWithStep, Communicator):
+    mode = "sync"
+    requires_thread_barrier = True
+
     def send(self, grads):
         """Sends the step's gradients; returns when every server applied the step with all
         workers' gradients and this worker holds the updated dense parameters (and the
@@ -117,44 +183,19 @@ class SyncCommunicator(Communicator):
             DataError: a server answered without the dense blocks or rows asked for
                 (names the server).
         """
-        with self._rows_lock:
-            pulls = self._next.pop(threading.get_ident(), [])
-            self._ready = {}  # the last step's rows are for the step that sends now only
-        per_ep = self.split_grads(grads)
+        pulls = self._rows_for_send()
         dense = self._dense_blocks()
-        requests, asked, parts = {}, {}, {}
-        for ep, (names, arrays) in per_ep.items():
-            names, arrays = list(names), list(arrays)
-            spec, expect = [], list(dense.get(ep, []))
-            requests[ep] = ("sync_push", names, arrays, {"pull": dense.get(ep, []), "rows": spec})
-            asked[ep], parts[ep] = expect, []
-        for pull in pulls:
-            pplan = self.plan.params[pull.table]
-            pull.rows = PrefetchedRows(pull.table, pull.uniq, np.empty((len(pull.uniq), pplan.width), np.float32),
-                                       pplan.rows if pplan.kind == SPARSE else 2 ** 63 - 1)
-            for ep, name, pnames, parrays, _, sel in self._row_pulls(pplan, pull.uniq, False, pull.shows, pull.clicks):
-                _, names, arrays, meta = requests[ep]
-                k = len(meta["rows"])
-                meta["rows"].append([name, len(parrays)])
-                names += [f"{k}/{n}" for n in pnames]
-                arrays += parrays
-                asked[ep].append(f"{k}/{name}")
-                parts[ep].append((pull, sel))
+        requests = {ep: ("sync_push", list(names), list(arrays), {"pull": dense.get(ep, [])})
+                    for ep, (names, arrays) in self.split_grads(grads).items()}
+        pulls, rows, parts = self._attach_rows(requests, pulls, ("sync_push",))
         replies = self._all(requests)
         self._count("sends")
         for ep, reply in replies.items():
-            if list(reply.names) != asked[ep]:
+            asked = dense.get(ep, []) + rows.get(ep, [])
+            if list(reply.names) != asked:
                 raise DataError(f"server {ep} answered a sync step with {list(reply.names)}, not the dense blocks "
-                                f"and rows {asked[ep]} asked for; run the same fleet version on every process")
-            n_dense = len(dense.get(ep, []))
-            self._write_blocks(reply.names[:n_dense], reply.arrays[:n_dense])
-            for (pull, sel), values in zip(parts[ep], reply.arrays[n_dense:]):
-                if values.shape != (len(sel), pull.rows.values.shape[1]):
-                    raise DataError(f"server {ep} answered the rows of {pull.table!r} with shape "
-                                    f"{list(values.shape)}; expected {[len(sel), pull.rows.values.shape[1]]}")
-                pull.rows.values[sel] = values
-        ready = {}
-        for pull in pulls:
-            ready.setdefault(pull.table, []).append(pull)
-        with self._rows_lock:
-            self._ready = ready
+                                f"and rows {asked} asked for; run the same fleet version on every process")
+            n = len(dense.get(ep, []))
+            self._write_blocks(reply.names[:n], reply.arrays[:n])
+            self._take_rows(ep, reply.arrays[n:], parts)
+        self._publish_rows(pulls)

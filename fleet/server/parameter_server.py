@@ -415,11 +415,17 @@ class ParameterServer(ElasticOps, SaveOps):
         """Async / half-async: apply every gradient now, or once ``merge_pushes`` of its
         pushes are in (their mean, as one update). With meta "pull" (dense block names)
         the reply holds those blocks' values after this push, as a ``pull_dense`` sent
-        right after it would (one request instead of two per step)."""
+        right after it would (one request instead of two per step). With meta "rows" (the
+        row pulls of the worker's next step, as in ``sync_push``) the reply then holds
+        those rows as "k/<table>", read after the dense blocks, as ``pull_sparse``
+        requests sent right after it would read them."""
         pulls = list(req.meta.get("pull", ()))
         for name in pulls:
             self._dense(name)
-        grads = self._checked_grads(req)
+        end, row_pulls = self._row_pulls(req)
+        for table, ids, names, arrays in row_pulls:
+            self._check_row_pull(table, ids, names, arrays)
+        grads = self._checked_grads(req, end)
         if self.merge_pushes == 1:
             self._step_lr()
             for name, grad in grads:
@@ -429,7 +435,11 @@ class ParameterServer(ElasticOps, SaveOps):
                 self._pending.setdefault(name, []).append(grad)
             self._pending_pushes += 1
             self._apply_pending()
-        req.reply(names=pulls, arrays=self._dense_values(req.worker, pulls))
+        names, arrays = pulls, self._dense_values(req.worker, pulls)
+        for k, (table, ids, stat_names, stat_arrays) in enumerate(row_pulls):
+            names.append(f"{k}/{table}")
+            arrays.append(self._rows(table, ids, False, stat_names, stat_arrays))
+        req.reply(names=names, arrays=arrays)
 
     def _merge_window(self):
         """Pushes per update: merge_pushes (0: one per worker still training), scaled down

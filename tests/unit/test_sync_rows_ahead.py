@@ -7,6 +7,7 @@ import pytest
 import fleet
 import fleet.framework as fw
 from fleet import layers, optimizer
+from fleet.communicator.api import make_communicator
 from fleet.errors import DataError, ServerError
 from fleet.framework.tensor import SparseRows
 from strategies import DistributedStrategyFactory
@@ -15,7 +16,7 @@ from fake_cluster import Cluster
 STEPS = 4
 
 
-def _cluster():
+def _cluster(mode="sync"):
     main, startup = fw.Program(), fw.Program()
     with fw.program_guard(main, startup):
         x = layers.data("x", shape=[4])
@@ -28,9 +29,12 @@ def _cluster():
         out = layers.fc(layers.concat([emb, demb, x], axis=1), 2, param_attr="w", bias_attr="b")
         optimizer.Adam(0.01).minimize(layers.mean(out))
     startup.random_seed = 5
-    strategy = DistributedStrategyFactory.create_sync_strategy()
+    strategy = getattr(DistributedStrategyFactory, f"create_{mode}_strategy")()
     strategy.set_sparse_table_config("dtable")  # statistics: a training pull counts shows
     cluster = Cluster(main, startup, strategy, 2)
+    if mode != "sync":
+        cluster.comm = make_communicator(mode, cluster.plan, 0, fw.Scope(), {}, lambda ep: cluster.clients[ep])
+        cluster.comm.start()
     cluster.comm.set_prefetch_inputs({"emb": ["ids"], "dtable": ["dids"]})
     return cluster
 
@@ -68,8 +72,9 @@ def _train(cluster, ahead):
     return seen
 
 
-def test_rows_that_come_with_the_step_answer_train_bit_identically_to_pulls_at_the_next_step():
-    old, new = _cluster(), _cluster()
+@pytest.mark.parametrize("mode", ["sync", "half_async"])
+def test_rows_that_come_with_the_step_answer_train_bit_identically_to_pulls_at_the_next_step(mode):
+    old, new = _cluster(mode), _cluster(mode)
     old_rows, new_rows = _train(old, ahead=False), _train(new, ahead=True)
     for a, b in zip(old_rows, new_rows):
         for table in a:
@@ -91,8 +96,8 @@ def test_rows_that_come_with_the_step_answer_train_bit_identically_to_pulls_at_t
     assert new.comm.stats["prefetches_ahead_used"] == 2 * (STEPS - 1)
     assert new.comm.stats["prefetches"] == 2
     for ep, client in new.clients.items():
-        assert client.requests.count("sync_push") == STEPS
-        first_step = old.clients[ep].requests[:old.clients[ep].requests.index("sync_push")]
+        assert client.requests.count("sync_push" if mode == "sync" else "push") == STEPS
+        first_step = old.clients[ep].requests[:old.clients[ep].requests.index(client.requests[-1])]
         assert client.requests.count("pull_sparse") == first_step.count("pull_sparse")
         assert old.clients[ep].requests.count("pull_sparse") > client.requests.count("pull_sparse")
 
@@ -152,3 +157,15 @@ def test_a_row_pull_that_does_not_match_its_arrays_is_refused_before_the_step_is
                        [np.arange(3, dtype=np.int64), np.ones(3), np.zeros(3, np.float32)],
                        {"pull": [], "rows": [["dtable", 3]]})
     assert not cluster.servers[ep]._sync
+
+
+def test_a_half_async_batch_needing_a_server_that_gets_no_push_is_pulled_by_its_prefetch():
+    cluster = _cluster("half_async")
+    comm, feeds = cluster.comm, _feeds()
+    comm.begin_pass(1)
+    comm.prepare_batch(feeds[1])
+    comm.send({})  # no gradient: every server gets a pull_dense, which carries no rows
+    rows = comm.prefetch("dtable", feeds[1]["dids"])
+    assert comm.stats["prefetches_ahead_used"] == 0 and comm.stats["prefetches"] == 1
+    again = comm.prefetch("dtable", feeds[1]["dids"], is_test=True)
+    np.testing.assert_array_equal(rows.values, again.values)
