@@ -474,6 +474,24 @@ class Communicator(CommunicatorAPI):
                 f"embedding {table!r} has {pplan.rows} rows but got id {int(bad)}; ids must be in "
                 f"[0, {pplan.rows}): hash them into the table size or enlarge size[0]")
         requests, slots = {}, {}
+        for ep, name, names, arrays, meta, sel in self._row_pulls(pplan, uniq, is_test, shows, clicks):
+            if ep in requests:  # two blocks of one table on one server
+                self._fill(values, sel, self._all({ep: ("pull_sparse", names, arrays, meta)})[ep])
+                continue
+            requests[ep] = ("pull_sparse", names, arrays, meta)
+            slots[ep] = sel
+        if requests:
+            for ep, reply in self._all(requests).items():
+                self._fill(values, slots[ep], reply)
+        self._count("prefetches")
+        return PrefetchedRows(table, uniq, values, pplan.rows if pplan.kind == SPARSE else 2 ** 63 - 1)
+
+    def _row_pulls(self, pplan, uniq, is_test=False, shows=None, clicks=None):
+        """The ``pull_sparse`` requests of the sorted unique ids ``uniq`` of ``pplan``, one
+        per server and block (or shard): [(endpoint, server-side table name, names,
+        arrays, meta, positions of its ids in ``uniq``)]; a training pull of a table with
+        statistics carries each id's ``shows`` and ``clicks``."""
+        out = []
         if pplan.kind == DISTRIBUTED:
             with_stats = shows is not None and not is_test
             if with_stats and clicks is None:
@@ -487,23 +505,14 @@ class Communicator(CommunicatorAPI):
                         names += ["shows", "clicks"]
                         arrays += [np.ascontiguousarray(shows[sel], dtype=np.float32),
                                    np.ascontiguousarray(clicks[sel], dtype=np.float32)]
-                    requests[ep] = ("pull_sparse", names, arrays, {"table": table, "is_test": is_test})
-                    slots[ep] = sel
+                    out.append((ep, pplan.name, names, arrays, {"table": pplan.name, "is_test": is_test}, sel))
         else:
             which = pplan.block_of_rows(uniq)
             for i, b in enumerate(pplan.blocks):
                 sel = np.flatnonzero(which == i)
                 if len(sel):
-                    if b.endpoint in requests:  # two blocks of one table on one server
-                        self._fill(values, sel, self._all({b.endpoint: ("pull_sparse", ["ids"], [uniq[sel]], {"table": b.name})})[b.endpoint])
-                        continue
-                    requests[b.endpoint] = ("pull_sparse", ["ids"], [uniq[sel]], {"table": b.name})
-                    slots[b.endpoint] = sel
-        if requests:
-            for ep, reply in self._all(requests).items():
-                self._fill(values, slots[ep], reply)
-        self._count("prefetches")
-        return PrefetchedRows(table, uniq, values, pplan.rows if pplan.kind == SPARSE else 2 ** 63 - 1)
+                    out.append((b.endpoint, b.name, ["ids"], [uniq[sel]], {"table": b.name}, sel))
+        return out
 
     def shrink(self, first):
         """``fleet.shrink()`` on the servers: every server shrinks each of its tables with

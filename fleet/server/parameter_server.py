@@ -8,7 +8,8 @@ other workers (sync steps, barriers) are parked and answered later, from the sam
 Per mode:
 - sync: ``sync_push`` carries a worker's step gradients; when every live worker has sent
   its step, the server averages (sum / contributors), applies the optimizer once, and
-  answers each worker with the fresh values of its dense blocks.
+  answers each worker with the fresh values of its dense blocks and of the rows its
+  next step needs (meta "rows", read as ``pull_sparse`` would read them then).
 - async / half-async: ``push`` applies gradients on arrival (DC-ASGD optional), or
   averages a window of ``merge_pushes`` pushes into one update. A hybrid job's servers
   hold only its tables and behave as async ones; its strategy merges one push per worker
@@ -307,19 +308,28 @@ class ParameterServer(ElasticOps, SaveOps):
         or counts."""
         table_name = req.meta["table"]
         ids = req.arrays[0]
+        values = self._rows(table_name, ids, req.meta.get("is_test", False), req.names[1:], req.arrays[1:])
+        req.reply(names=[table_name], arrays=[values])
+
+    def _rows(self, table_name, ids, is_test, stat_names=(), stat_arrays=()):
+        """The values of rows ``ids`` of an is_sparse block (global row ids) or of the
+        distributed shard ``table_name``, as ``pull_sparse`` reads them; a training pull
+        of a table with statistics counts the "shows" and "clicks" among ``stat_names``
+        (``stat_arrays``).
+
+        Raises:
+            DataError: an unknown table, or bad statistics (``_pull_statistics``).
+        """
         if table_name in self.shards:
             pplan, table = self._shard(table_name)
-            if req.meta.get("is_test", False):
-                values = table.pull(ids, create=False)
-            elif pplan.has_statistics:
-                shows, clicks = _pull_statistics(req, table_name, len(ids))
-                values = table.pull_train(ids, shows, clicks)
-            else:
-                values = table.pull(ids, create=True)
-        else:
-            _, block, table = self._dense(table_name)
-            values = table.pull_rows(ids - block.row_offset)
-        req.reply(names=[table_name], arrays=[values])
+            if is_test:
+                return table.pull(ids, create=False)
+            if pplan.has_statistics:
+                shows, clicks = _pull_statistics(stat_names, stat_arrays, table_name, len(ids))
+                return table.pull_train(ids, shows, clicks)
+            return table.pull(ids, create=True)
+        _, block, table = self._dense(table_name)
+        return table.pull_rows(ids - block.row_offset)
 
     def _op_shrink(self, req):
         """Shrinks every table with statistics (decay, age, evict; see
@@ -370,14 +380,15 @@ class ParameterServer(ElasticOps, SaveOps):
                 grad = grad + grad * grad * (param - bak)
         table.push(grad, self._lr(pplan))
 
-    def _checked_grads(self, req):
-        """Returns [(name, grad)] of a push once every one fits what this server holds.
+    def _checked_grads(self, req, end=None):
+        """Returns [(name, grad)] of a push (its first ``end`` arrays; default all) once
+        every one fits what this server holds.
 
         Raises:
             DataError: an unknown block or table, or a gradient of the wrong shape (names it).
         """
         out = []
-        for name, grad in _grads(req):
+        for name, grad in _grads(req, end):
             if name in self.shards:
                 _, table = self.shards[name]
                 if not isinstance(grad, tuple):
@@ -404,11 +415,17 @@ class ParameterServer(ElasticOps, SaveOps):
         """Async / half-async: apply every gradient now, or once ``merge_pushes`` of its
         pushes are in (their mean, as one update). With meta "pull" (dense block names)
         the reply holds those blocks' values after this push, as a ``pull_dense`` sent
-        right after it would (one request instead of two per step)."""
+        right after it would (one request instead of two per step). With meta "rows" (the
+        row pulls of the worker's next step, as in ``sync_push``) the reply then holds
+        those rows as "k/<table>", read after the dense blocks, as ``pull_sparse``
+        requests sent right after it would read them."""
         pulls = list(req.meta.get("pull", ()))
         for name in pulls:
             self._dense(name)
-        grads = self._checked_grads(req)
+        end, row_pulls = self._row_pulls(req)
+        for table, ids, names, arrays in row_pulls:
+            self._check_row_pull(table, ids, names, arrays)
+        grads = self._checked_grads(req, end)
         if self.merge_pushes == 1:
             self._step_lr()
             for name, grad in grads:
@@ -418,7 +435,11 @@ class ParameterServer(ElasticOps, SaveOps):
                 self._pending.setdefault(name, []).append(grad)
             self._pending_pushes += 1
             self._apply_pending()
-        req.reply(names=pulls, arrays=self._dense_values(req.worker, pulls))
+        names, arrays = pulls, self._dense_values(req.worker, pulls)
+        for k, (table, ids, stat_names, stat_arrays) in enumerate(row_pulls):
+            names.append(f"{k}/{table}")
+            arrays.append(self._rows(table, ids, False, stat_names, stat_arrays))
+        req.reply(names=names, arrays=arrays)
 
     def _merge_window(self):
         """Pushes per update: merge_pushes (0: one per worker still training), scaled down
@@ -459,15 +480,68 @@ class ParameterServer(ElasticOps, SaveOps):
 
     # ------------------------------------------------------------------ sync
     def _op_sync_push(self, req):
+        """A worker's step. Meta "pull": dense block names whose values the answer holds,
+        read after the step was applied. Meta "rows": [[table, arrays]] row pulls of the
+        worker's next step, in order, as ``pull_sparse`` would ask them: after the
+        gradients come, per pull k, "k/ids" and (a training pull of a table with
+        statistics) "k/shows", "k/clicks"; the answer holds each pull's rows as "k/<table>",
+        read after the step was applied (and after the dense blocks), exactly as a
+        ``pull_sparse`` sent at the start of the next step would read them."""
         if req.worker in self._sync:
             raise DataError(f"worker {req.worker} sent a second sync step before the first completed")
         for name in req.meta.get("pull", ()):
             self._dense(name)
-        self._checked_grads(req)
+        end, pulls = self._row_pulls(req)
+        for table, ids, names, arrays in pulls:
+            self._check_row_pull(table, ids, names, arrays)
+        self._checked_grads(req, end)
         req.defer()
         self._park("sync", self._sync, req)
         self._maybe_finish_sync()
         self._check_crossed_waits()
+
+    def _row_pulls(self, req):
+        """(the number of gradient arrays, [(table, ids, stat names, stat arrays)]) of a
+        sync step's meta "rows" (see ``_op_sync_push``).
+
+        Raises:
+            DataError: "rows" or the arrays after the gradients do not match (names them).
+        """
+        spec = req.meta.get("rows") or ()
+        try:
+            counts = [(str(table), int(k)) for table, k in spec]
+        except (TypeError, ValueError):
+            raise DataError(f"sync_push meta 'rows' must be [[table, arrays], ...]; got {spec!r}") from None
+        end = len(req.names) - sum(k for _, k in counts)
+        if any(k not in (1, 3) for _, k in counts) or end < 0:
+            raise DataError(f"sync_push meta 'rows' {spec!r} does not match its {len(req.names)} arrays; each "
+                            f"row pull has its ids and optionally shows and clicks")
+        pulls, i = [], end
+        for k, (table, count) in enumerate(counts):
+            names = [n.partition("/")[2] for n in req.names[i:i + count]]
+            if any(n != f"{k}/{want}" for n, want in zip(req.names[i:i + count], ("ids", "shows", "clicks"))):
+                raise DataError(f"sync_push row pull {k} of table {table!r} has arrays {req.names[i:i + count]}; "
+                                f"expected {k}/ids[, {k}/shows, {k}/clicks]")
+            pulls.append((table, req.arrays[i], names[1:], req.arrays[i + 1:i + count]))
+            i += count
+        return end, pulls
+
+    def _check_row_pull(self, table_name, ids, stat_names, stat_arrays):
+        """Raises DataError when a sync step's row pull could not be read after the step:
+        an unknown table, ids that are not int64 [n] (in an is_sparse block's rows), or
+        bad statistics."""
+        if ids.dtype != np.int64 or ids.ndim != 1:
+            raise DataError(f"a row pull of table {table_name!r} has ids of dtype {ids.dtype} and shape "
+                            f"{list(ids.shape)}; expected int64 [n]")
+        if table_name in self.shards:
+            pplan, _ = self._shard(table_name)
+            if pplan.has_statistics:
+                _pull_statistics(stat_names, stat_arrays, table_name, len(ids))
+            return
+        _, block, _ = self._dense(table_name)
+        if len(ids) and (ids.min() < block.row_offset or ids.max() >= block.row_offset + block.rows):
+            raise DataError(f"block {table_name!r} holds rows [{block.row_offset}, {block.row_offset + block.rows}); "
+                            f"a row pull asked for rows {ids.min()}..{ids.max()}")
 
     def _maybe_finish_sync(self):
         waiting = set(self._sync)
@@ -488,14 +562,24 @@ class ParameterServer(ElasticOps, SaveOps):
         n = len(reqs)
         self._step_lr()
         merged = {}
-        for req in reqs:
-            for name, grad in _grads(req):
+        parts = [self._row_pulls(req) for req in reqs]
+        for req, (end, _) in zip(reqs, parts):
+            for name, grad in _grads(req, end):
                 merged.setdefault(name, []).append(grad)
         for name, grads in merged.items():  # a worker with no rows of a table adds zero
             self._apply_mean(name, grads, count=n)
-        for req in reqs:
+        # Every answer is read before any is sent: the workers' row pulls (in worker order)
+        # count statistics and create rows, as their pull_sparse requests would after the step.
+        answers = []
+        for req, (_, pulls) in zip(reqs, parts):
             names = list(req.meta.get("pull", ()))
-            req.reply(names=names, arrays=[self._dense(nm)[2].pull() for nm in names])
+            arrays = [self._dense(nm)[2].pull() for nm in names]
+            for k, (table, ids, stat_names, stat_arrays) in enumerate(pulls):
+                names.append(f"{k}/{table}")
+                arrays.append(self._rows(table, ids, False, stat_names, stat_arrays))
+            answers.append((req, names, arrays))
+        for req, names, arrays in answers:
+            req.reply(names=names, arrays=arrays)
 
     # ------------------------------------------------------------------ GEO
     def _op_geo_push(self, req):
@@ -705,15 +789,16 @@ def table_options(pplan):
     return options
 
 
-def _pull_statistics(req, table, n):
-    """The (shows, clicks) float32 [n] arrays of a training pull of ``table`` (None, None
-    when the request has none: every id counts one show, no click).
+def _pull_statistics(names, arrays, table, n):
+    """The (shows, clicks) float32 [n] arrays of a training pull of ``table`` from the
+    arrays after its ids (None, None when there are none: every id counts one show, no
+    click).
 
     Raises:
         DataError: only one of them, or one that is not float32 [n] of finite values
             >= 0 (names the table).
     """
-    got = dict(zip(req.names[1:], req.arrays[1:]))
+    got = dict(zip(names, arrays))
     if not got:
         return None, None
     out = []
@@ -732,10 +817,10 @@ def _pull_statistics(req, table, n):
     return out[0], out[1]
 
 
-def _grads(req):
-    """Yields (name, grad) from a push: a dense array, or (rows, values) for a name sent as
-    the pair "<name>@ROWS", "<name>@VALUES"."""
-    names, arrays = req.names, req.arrays
+def _grads(req, end=None):
+    """Yields (name, grad) from a push (its first ``end`` arrays; default all): a dense
+    array, or (rows, values) for a name sent as the pair "<name>@ROWS", "<name>@VALUES"."""
+    names, arrays = req.names[:end], req.arrays[:end]
     i = 0
     while i < len(names):
         name = names[i]
