@@ -39,8 +39,10 @@ exchanged when joining) and none sets FLEET_GROUP_SHM=0, ``all_reduce`` of array
 ``shm_min_bytes`` (SHM_MIN_BYTES, 256 KiB) or more goes through a memory segment every
 rank maps (``shared_segment.SharedSegment``: anonymous, so nothing can be left behind):
 each rank copies its array into its slot and sends every rank its descriptor; rank r
-reduces part r of every slot, in rank order (the same bits as the direct exchange), into
-the result area and sends every rank a token; each copies the result out. ZeroMQ carries
+reduces part r of every slot into the result area, in the order of the ZeroMQ path the
+group would otherwise take (the ring's, from rank r round, for ``ring_min_bytes`` and
+more; else rank order, as the direct exchange), so a result has the same bits whether
+the ranks share a host or not, and sends every rank a token; each copies the result out. ZeroMQ carries
 only those small messages, so timeouts, mismatch detection and ``PeerLostError`` work as
 on the other paths. ``all_gather`` and ``broadcast`` stay on ZeroMQ.
 
@@ -470,8 +472,10 @@ class WorkerGroup:
 
     def _shm_all_reduce(self, call, flat, op, desc):
         """All ranks on this host: each copies its array into its slot of the shared
-        segment and says so (its descriptor); rank r then reduces part r of every slot,
-        in rank order, into the result area and says so; each copies the result out.
+        segment and says so (its descriptor); rank r then reduces part r of every slot
+        into the result area, in the order of the ZeroMQ path the group would take (the
+        ring's from ``ring_min_bytes`` on, else the direct exchange's rank order: the same
+        bits on one host as across hosts), and says so; each copies the result out.
 
         Layout after the header: slot 0, ..., slot N-1, result, each ``aligned(nbytes)``.
         Rank 0 creates the segment (larger when an array does not fit) and names it in its
@@ -519,8 +523,13 @@ class WorkerGroup:
         lo, hi = flat.size * r // n, flat.size * (r + 1) // n
         views = [self._segment.view(flat.dtype, flat.size, p * slot)[lo:hi] for p in range(n + 1)]
         ufunc, result = _UFUNCS[op], views[n]
-        ufunc(views[0], views[1], out=result)
-        for p in range(2, n):  # rank order, as the direct exchange: the same bits
+        # The order of the path the group takes without shared memory, so a job's result
+        # does not depend on whether its ranks share a host: from rank r round, as the
+        # ring completes segment r (part r has the ring's segment bounds), or rank order,
+        # as the direct exchange
+        order = [(r + j) % n for j in range(n)] if flat.nbytes >= self.ring_min_bytes else list(range(n))
+        ufunc(views[order[0]], views[order[1]], out=result)
+        for p in order[2:]:
             ufunc(result, views[p], out=result)
         if op == "mean":
             np.divide(result, n, out=result)

@@ -278,6 +278,27 @@ def test_shared_memory_all_reduce_equals_the_direct_exchange_bit_for_bit_and_gro
     assert _memfd_maps() == before_maps
 
 
+def test_shared_memory_adds_in_the_ring_order_from_ring_min_bytes_so_one_host_equals_several(group_of):
+    # a collective job's parameters must not depend on whether its ranks share a host: from
+    # ring_min_bytes on the shared-memory path adds as the ring would (3 ranks: (a+b)+c is not
+    # (b+c)+a in float32), below it in rank order, as the direct exchange
+    ranks = group_of(3)
+    parts = [data(r, "float32", (30_001,), 7) for r in range(3)]
+    zmq_bits = {}
+    for path in ("direct", "ring"):
+        set_path(ranks, path)
+        zmq_bits[path] = [x.tobytes() for x in ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "mean")))]
+    assert zmq_bits["direct"][0] != zmq_bits["ring"][0]  # the two orders differ in the last bits here
+
+    def shm_with_ring_from(ring_min):
+        def run(g):
+            g.shm_min_bytes, g.ring_min_bytes = 0, ring_min
+            return g.all_reduce(parts[g.rank], "mean")
+        return [x.tobytes() for x in ok(ranks.run(run))]
+    assert shm_with_ring_from(0) == zmq_bits["ring"]
+    assert shm_with_ring_from(1 << 40) == zmq_bits["direct"]
+
+
 def test_fleet_group_shm_0_takes_the_zeromq_path(group_of, endpoints, monkeypatch):
     monkeypatch.setenv("FLEET_GROUP_SHM", "0")
     ranks = group_of(2)
