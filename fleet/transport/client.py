@@ -367,9 +367,18 @@ def wait_for_servers(endpoints, timeout_ms=None, worker_id=-1, curve=None, retry
             # FLEET_HEARTBEAT_TIMEOUT_MS (this worker waiting for a server that starts
             # later, as after a restart on another host) would declare this worker lost.
             per_ping = max(1, min(retry_ms, settings.heartbeat_ms(), left_ms))
-            seqs = {ep: c.send_request(PING_OP, timeout_ms=per_ping) for ep, c in clients.items()}
+            seqs = {}
+            for ep, client in clients.items():
+                try:
+                    seqs[ep] = client.send_request(PING_OP, timeout_ms=per_ping)
+                except FleetTimeoutError:
+                    # no connection took the ping (a server not up yet, or one whose CURVE
+                    # handshake fails): not answered this round, as a ping without a reply
+                    pass
             round_end = time.monotonic() + per_ping / 1000.0
             for ep, client in clients.items():
+                if ep not in seqs:
+                    continue
                 left = max(1, min(int((round_end - time.monotonic()) * 1000), int((deadline - time.monotonic()) * 1000)))
                 try:
                     client.recv_reply(seqs[ep], left)
