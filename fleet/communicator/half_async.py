@@ -10,7 +10,6 @@
 from fleet.communicator.api import register
 from fleet.communicator.base import Communicator
 from fleet.communicator.sync import RowsWithStep
-from fleet.errors import DataError
 
 
 @register("half_async")
@@ -40,12 +39,4 @@ class HalfAsyncCommunicator(RowsWithStep, Communicator):
         if dense:
             self._count("pulls")
         self._count("sends")
-        for ep, reply in replies.items():
-            asked = dense.get(ep, []) + rows.get(ep, [])
-            if list(reply.names) != asked:
-                raise DataError(f"server {ep} answered {requests[ep][0]!r} with {list(reply.names)}, not the dense "
-                                f"blocks and rows {asked} asked for; run the same fleet version on every process")
-            n = len(dense.get(ep, []))
-            self._write_blocks(reply.names[:n], reply.arrays[:n])
-            self._take_rows(ep, reply.arrays[n:], parts)
-        self._publish_rows(pulls)
+        self._take_replies(replies, dense, rows, parts, pulls, {ep: repr(requests[ep][0]) for ep in replies})

@@ -160,6 +160,24 @@ class RowsWithStep:
                                 f"expected {[len(sel), width]}")
             pull.rows.values[sel] = values
 
+    def _take_replies(self, replies, dense, rows, parts, pulls, what):
+        """Writes each server's answer of a step (its dense blocks, then the rows asked for)
+        and hands the rows to the next step's prefetch ops. ``what[ep]`` names the request
+        in the error.
+
+        Raises:
+            DataError: an answer without the dense blocks and rows asked for (names the server).
+        """
+        for ep, reply in replies.items():
+            asked = dense.get(ep, []) + rows.get(ep, [])
+            if list(reply.names) != asked:
+                raise DataError(f"server {ep} answered {what[ep]} with {list(reply.names)}, not the dense blocks "
+                                f"and rows {asked} asked for; run the same fleet version on every process")
+            n = len(dense.get(ep, []))
+            self._write_blocks(reply.names[:n], reply.arrays[:n])
+            self._take_rows(ep, reply.arrays[n:], parts)
+        self._publish_rows(pulls)
+
     def _publish_rows(self, pulls):
         """The answered ``pulls`` are for the next step's prefetch ops."""
         ready = {}
@@ -190,12 +208,4 @@ class SyncCommunicator(RowsWithStep, Communicator):
         pulls, rows, parts = self._attach_rows(requests, pulls, ("sync_push",))
         replies = self._all(requests)
         self._count("sends")
-        for ep, reply in replies.items():
-            asked = dense.get(ep, []) + rows.get(ep, [])
-            if list(reply.names) != asked:
-                raise DataError(f"server {ep} answered a sync step with {list(reply.names)}, not the dense blocks "
-                                f"and rows {asked} asked for; run the same fleet version on every process")
-            n = len(dense.get(ep, []))
-            self._write_blocks(reply.names[:n], reply.arrays[:n])
-            self._take_rows(ep, reply.arrays[n:], parts)
-        self._publish_rows(pulls)
+        self._take_replies(replies, dense, rows, parts, pulls, dict.fromkeys(replies, "a sync step"))
