@@ -25,14 +25,16 @@ Figures of one training run (:func:`train_local`, :func:`train_fleet`):
 - ``cpu_s_per_1k_examples``: ``cpu_seconds`` per 1,000 examples trained (all workers, all
   epochs). Includes each process's start (interpreter, imports, loading numba's cache).
 """
+import contextlib
 import json
-import math
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -227,3 +229,16 @@ def rounded(value, digits):
 
 def say(message):
     print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def work_directory(bench, keep=False):
+    """A temporary directory for a bench's data, models and logs (they reach gigabytes), removed
+    when the bench ends, also on failure or Ctrl-C, unless ``keep`` (the bench's --keep)."""
+    work = tempfile.mkdtemp(prefix=f"fleet-{bench}-")
+    say(f"{bench}: work directory {work}" + (" (kept: --keep)" if keep else " (removed at the end; --keep keeps it)"))
+    try:
+        yield work
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _jobs  # noqa: E402
@@ -105,31 +104,9 @@ def checks(results):
     return out
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lines", type=int, default=200_000)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--seeds", type=int, default=1, help="train.py --seed 1..N (model init); data fixed")
-    p.add_argument("--strategies", default="sync,async,half_async,geo,hybrid,collective")
-    p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--geo_k", type=int, default=20)
-    p.add_argument("--local_threads", default="2",
-                   help="threads of the local baseline; a list such as 2,1 adds more local runs (the first is "
-                        "the baseline of the ratios)")
-    p.add_argument("--worker_threads", type=int, default=None,
-                   help="training threads per worker (default: train.py's --threads, as local)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one run (training or infer) may take")
-    p.add_argument("--no_warmup", action="store_true",
-                   help="skip the few-line runs that compile numba's kernels before timing")
-    args, train_args = p.parse_known_args(argv)
-    if args.seeds < 1:
-        p.error("--seeds must be at least 1")
-    strategies = [s for s in args.strategies.split(",") if s]
-    local_threads = [int(t) for t in args.local_threads.split(",")]
-    seeds = list(range(1, args.seeds + 1))
-    work = tempfile.mkdtemp(prefix="fleet-bench-dist-")
+def run_all_jobs(work, args, strategies, local_threads, seeds, train_args):
+    """Every timed run of the bench in ``work``: {name: [result per seed]}."""
     data = os.path.join(work, "data")
-    _jobs.say(f"bench_distributed: work directory {work}")
     _jobs.generate_data(data, args.lines, timeout=args.timeout)
     if not args.no_warmup:
         _jobs.say("bench_distributed: warm-up (numba's cache)")
@@ -159,6 +136,34 @@ def main(argv=None):
                           f"{r['test_auc']:.4f}, {r['cpu_s_per_1k_examples']:.3f} CPU s per 1k examples")
     except _jobs.RunFailed as e:
         raise SystemExit(f"bench_distributed: {e}")
+    return runs
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lines", type=int, default=200_000)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=1, help="train.py --seed 1..N (model init); data fixed")
+    p.add_argument("--strategies", default="sync,async,half_async,geo,hybrid,collective")
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--geo_k", type=int, default=20)
+    p.add_argument("--local_threads", default="2",
+                   help="threads of the local baseline; a list such as 2,1 adds more local runs (the first is "
+                        "the baseline of the ratios)")
+    p.add_argument("--worker_threads", type=int, default=None,
+                   help="training threads per worker (default: train.py's --threads, as local)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one run (training or infer) may take")
+    p.add_argument("--no_warmup", action="store_true",
+                   help="skip the few-line runs that compile numba's kernels before timing")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (data, models, logs; printed)")
+    args, train_args = p.parse_known_args(argv)
+    if args.seeds < 1:
+        p.error("--seeds must be at least 1")
+    strategies = [s for s in args.strategies.split(",") if s]
+    local_threads = [int(t) for t in args.local_threads.split(",")]
+    seeds = list(range(1, args.seeds + 1))
+    with _jobs.work_directory("bench-dist", args.keep) as work:
+        runs = run_all_jobs(work, args, strategies, local_threads, seeds, train_args)
     results = {}
     for i, threads in enumerate(local_threads):
         name = "local" if i == 0 else f"local_{threads}_threads"

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pstats
+import shutil
 import sys
 import tempfile
 import time
@@ -57,44 +58,47 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true")
     args = p.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="fleet-bench-")
-    lines = args.batches * args.batch_size
-    generate_data.main(["--out_dir", tmp, "--train_lines", str(lines), "--test_lines", "1000",
-                        "--train_files", str(max(args.threads, 2))])
-    files = sorted(os.path.join(tmp, "train", f) for f in os.listdir(os.path.join(tmp, "train")))
-    main_p, startup, inputs, loss, auc = build()
-    exe = fleet.Executor()
-    scope = fleet.Scope()
-    exe.run(startup, scope=scope)
-    ds = dataset_for(inputs, files, args.threads, args.batch_size)
-    # warm-up pass: compiles (or loads cached) kernels and touches the table's pages
-    exe.train_from_dataset(main_p, ds, scope=scope, thread=args.threads, print_period=0)
-    t0 = time.perf_counter()
-    summary = exe.train_from_dataset(main_p, ds, scope=scope, thread=args.threads, print_period=0)
-    elapsed = time.perf_counter() - t0
-    result = {
-        "bench": "local_train", "model": "ctr_dnn", "batch_size": args.batch_size, "threads": args.threads,
-        "examples": summary["examples"], "seconds": round(elapsed, 3),
-        "examples_per_sec": round(summary["examples"] / elapsed, 1),
-        "ms_per_batch": round(1000 * elapsed / max(summary["batches"], 1), 2),
-        "goal": "at least an equivalent PyTorch CPU model (37-39k examples/s on the 2-core reference machine)",
-        "nproc": os.cpu_count(),
-    }
-    if args.profile:
-        # cProfile sees only its own thread: profile the same steps run by exe.run here.
-        feeds = list(ds.batches())
-        prof = cProfile.Profile()
-        prof.enable()
-        for feed in feeds:
-            exe.run(main_p, feed=feed, scope=scope)
-        prof.disable()
-        out = io.StringIO()
-        stats = pstats.Stats(prof, stream=out).sort_stats("tottime")
-        top = []
-        total = sum(v[2] for v in stats.stats.values())
-        for (fname, line, func), (cc, nc, tt, ct, callers) in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:10]:
-            top.append({"function": f"{os.path.basename(fname)}:{line}:{func}", "seconds": round(tt, 3),
-                        "share": round(tt / total, 3), "calls": nc})
-        result["profile_one_thread"] = top
+    try:  # data (and models) of up to gigabytes: removed also on failure or Ctrl-C
+        lines = args.batches * args.batch_size
+        generate_data.main(["--out_dir", tmp, "--train_lines", str(lines), "--test_lines", "1000",
+                            "--train_files", str(max(args.threads, 2))])
+        files = sorted(os.path.join(tmp, "train", f) for f in os.listdir(os.path.join(tmp, "train")))
+        main_p, startup, inputs, loss, auc = build()
+        exe = fleet.Executor()
+        scope = fleet.Scope()
+        exe.run(startup, scope=scope)
+        ds = dataset_for(inputs, files, args.threads, args.batch_size)
+        # warm-up pass: compiles (or loads cached) kernels and touches the table's pages
+        exe.train_from_dataset(main_p, ds, scope=scope, thread=args.threads, print_period=0)
+        t0 = time.perf_counter()
+        summary = exe.train_from_dataset(main_p, ds, scope=scope, thread=args.threads, print_period=0)
+        elapsed = time.perf_counter() - t0
+        result = {
+            "bench": "local_train", "model": "ctr_dnn", "batch_size": args.batch_size, "threads": args.threads,
+            "examples": summary["examples"], "seconds": round(elapsed, 3),
+            "examples_per_sec": round(summary["examples"] / elapsed, 1),
+            "ms_per_batch": round(1000 * elapsed / max(summary["batches"], 1), 2),
+            "goal": "at least an equivalent PyTorch CPU model (37-39k examples/s on the 2-core reference machine)",
+            "nproc": os.cpu_count(),
+        }
+        if args.profile:
+            # cProfile sees only its own thread: profile the same steps run by exe.run here.
+            feeds = list(ds.batches())
+            prof = cProfile.Profile()
+            prof.enable()
+            for feed in feeds:
+                exe.run(main_p, feed=feed, scope=scope)
+            prof.disable()
+            out = io.StringIO()
+            stats = pstats.Stats(prof, stream=out).sort_stats("tottime")
+            top = []
+            total = sum(v[2] for v in stats.stats.values())
+            for (fname, line, func), (cc, nc, tt, ct, callers) in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:10]:
+                top.append({"function": f"{os.path.basename(fname)}:{line}:{func}", "seconds": round(tt, 3),
+                            "share": round(tt / total, 3), "calls": nc})
+            result["profile_one_thread"] = top
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(result))
 
 

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _jobs  # noqa: E402
@@ -72,6 +71,7 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one run (training or infer) may take")
     p.add_argument("--no_warmup", action="store_true",
                    help="skip the few-line runs that compile numba's kernels before timing")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (data, models, logs; printed)")
     args, train_args = p.parse_known_args(argv)
     batch_size = argparse.ArgumentParser(add_help=False)
     batch_size.add_argument("--batch_size", type=int, default=1000)
@@ -84,60 +84,59 @@ def main(argv=None):
         files = math.lcm(files, workers)
     files *= -(-4 // files)  # at least generate_data's default 4 (producer threads read a file each)
 
-    work = tempfile.mkdtemp(prefix="fleet-bench-scaling-")
-    data = os.path.join(work, "data")
-    _jobs.say(f"bench_scaling: work directory {work}")
-    try:
-        _jobs.generate_data(data, args.lines, files, timeout=args.timeout)
-        if not args.no_warmup:
-            _jobs.say("bench_scaling: warm-up (numba's cache)")
-            _jobs.warm_up(work, strategies, args.timeout)
-        last = f"epoch_{args.epochs - 1}"
-        # A large print period: no progress lines, but each pass's "pass done" line (batches).
-        common = ["--epochs", str(args.epochs), "--print_period", str(10**9), *train_args]
-        model = os.path.join(work, "local")
-        local = _jobs.train_local("local, 1 thread", model, data, 1, common, args.timeout)
-        local["test_auc"] = _jobs.test_auc("local, 1 thread", os.path.join(model, last), data, args.timeout)
-    except _jobs.RunFailed as e:
-        raise SystemExit(f"bench_scaling: {e}")
-    _jobs.say(f"local, 1 thread: {local['examples_per_sec']:,.0f} examples/s, test AUC {local['test_auc']:.4f}")
+    with _jobs.work_directory("bench-scaling", args.keep) as work:
+        data = os.path.join(work, "data")
+        try:
+            _jobs.generate_data(data, args.lines, files, timeout=args.timeout)
+            if not args.no_warmup:
+                _jobs.say("bench_scaling: warm-up (numba's cache)")
+                _jobs.warm_up(work, strategies, args.timeout)
+            last = f"epoch_{args.epochs - 1}"
+            # A large print period: no progress lines, but each pass's "pass done" line (batches).
+            common = ["--epochs", str(args.epochs), "--print_period", str(10**9), *train_args]
+            model = os.path.join(work, "local")
+            local = _jobs.train_local("local, 1 thread", model, data, 1, common, args.timeout)
+            local["test_auc"] = _jobs.test_auc("local, 1 thread", os.path.join(model, last), data, args.timeout)
+        except _jobs.RunFailed as e:
+            raise SystemExit(f"bench_scaling: {e}")
+        _jobs.say(f"local, 1 thread: {local['examples_per_sec']:,.0f} examples/s, test AUC {local['test_auc']:.4f}")
 
-    results = {s: [] for s in strategies}
-    failed = []
-    for n in trainer_counts:
-        workers, threads = shapes[n]
-        for strategy in strategies:
-            name = f"{strategy}, {n} trainers ({workers} workers x {threads} threads)"
-            row = {"trainers": n, "workers": workers, "threads": threads}
-            model = os.path.join(work, f"{strategy}-{n}")
-            try:
-                r = _jobs.train_fleet(name, model, data, strategy, args.servers, workers, threads,
-                                      [*common, "--geo_k", str(args.geo_k)], args.timeout)
-                r["test_auc"] = _jobs.test_auc(name, os.path.join(model, last), data, args.timeout)
-            except _jobs.RunFailed as e:
-                _jobs.say(f"bench_scaling: {e}")
-                failed.append(name)
-                row["error"] = str(e)[:2000]
+        results = {s: [] for s in strategies}
+        failed = []
+        for n in trainer_counts:
+            workers, threads = shapes[n]
+            for strategy in strategies:
+                name = f"{strategy}, {n} trainers ({workers} workers x {threads} threads)"
+                row = {"trainers": n, "workers": workers, "threads": threads}
+                model = os.path.join(work, f"{strategy}-{n}")
+                try:
+                    r = _jobs.train_fleet(name, model, data, strategy, args.servers, workers, threads,
+                                          [*common, "--geo_k", str(args.geo_k)], args.timeout)
+                    r["test_auc"] = _jobs.test_auc(name, os.path.join(model, last), data, args.timeout)
+                except _jobs.RunFailed as e:
+                    _jobs.say(f"bench_scaling: {e}")
+                    failed.append(name)
+                    row["error"] = str(e)[:2000]
+                    results[strategy].append(row)
+                    continue
+                # train.py prints the thread batch when it differs from --batch_size
+                per_thread = _jobs.thread_batch(r["logs"][0]) or batch
+                row.update({
+                    "batch_per_thread": per_thread,
+                    "test_auc": round(r["test_auc"], 4),
+                    "examples_per_sec": round(r["examples_per_sec"]),
+                    "job_examples_per_sec": _jobs.rounded(r["job_examples_per_sec"], 0),
+                    "speed_vs_local": round(r["examples_per_sec"] / local["examples_per_sec"], 3),
+                    "auc_minus_sync": None,
+                    "auc_minus_local": round(r["test_auc"] - local["test_auc"], 4),
+                    "cpu_s_per_1k_examples": round(r["cpu_s_per_1k_examples"], 3),
+                    "cpu_ratio": round(r["cpu_s_per_1k_examples"] / local["cpu_s_per_1k_examples"], 3),
+                    "seconds": round(r["seconds"], 1),
+                })
+                if strategy == "geo":
+                    row["geo_exchanges_per_worker"] = [_jobs.geo_exchanges(log, args.geo_k) for log in r["logs"]]
                 results[strategy].append(row)
-                continue
-            # train.py prints the thread batch when it differs from --batch_size
-            per_thread = _jobs.thread_batch(r["logs"][0]) or batch
-            row.update({
-                "batch_per_thread": per_thread,
-                "test_auc": round(r["test_auc"], 4),
-                "examples_per_sec": round(r["examples_per_sec"]),
-                "job_examples_per_sec": _jobs.rounded(r["job_examples_per_sec"], 0),
-                "speed_vs_local": round(r["examples_per_sec"] / local["examples_per_sec"], 3),
-                "auc_minus_sync": None,
-                "auc_minus_local": round(r["test_auc"] - local["test_auc"], 4),
-                "cpu_s_per_1k_examples": round(r["cpu_s_per_1k_examples"], 3),
-                "cpu_ratio": round(r["cpu_s_per_1k_examples"] / local["cpu_s_per_1k_examples"], 3),
-                "seconds": round(r["seconds"], 1),
-            })
-            if strategy == "geo":
-                row["geo_exchanges_per_worker"] = [_jobs.geo_exchanges(log, args.geo_k) for log in r["logs"]]
-            results[strategy].append(row)
-            _jobs.say(f"{name}: {row['examples_per_sec']:,} examples/s, test AUC {row['test_auc']:.4f}")
+                _jobs.say(f"{name}: {row['examples_per_sec']:,} examples/s, test AUC {row['test_auc']:.4f}")
     sync = {r["trainers"]: r.get("test_auc") for r in results.get("sync", [])}
     for rows in results.values():
         for r in rows:

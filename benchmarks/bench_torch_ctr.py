@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -184,18 +185,21 @@ def main(argv=None):
         print(json.dumps({"bench": "torch_ctr", "skipped": "torch is not installed (pip install torch)"}))
         return
     tmp = tempfile.mkdtemp(prefix="fleet-bench-torch-")
-    generate_data.main(["--out_dir", tmp, "--train_lines", str(args.lines), "--test_lines", "50000"])
-    train_files = sorted(os.path.join(tmp, "train", f) for f in os.listdir(os.path.join(tmp, "train")))
-    test_files = sorted(os.path.join(tmp, "test", f) for f in os.listdir(os.path.join(tmp, "test")))
-    train = load_batches(train_files, args.batch_size)
-    test = load_batches(test_files, 2000)
-    result = {"bench": "torch_ctr", "model": "ctr_dnn", "lines": args.lines, "epochs": args.epochs,
-              "batch_size": args.batch_size, "threads": args.threads, "nproc": os.cpu_count()}
-    result["fleet"] = fleet_run(train_files, test, args)
-    result["torch"] = torch_run(train, test, args)
-    result["speed_vs_torch"] = round(result["fleet"]["examples_per_sec"] / result["torch"]["examples_per_sec"], 3)
-    result["auc_minus_torch"] = round(result["fleet"]["test_auc"] - result["torch"]["test_auc"], 4)
-    result["goal"] = "fleet examples/s >= torch; test AUC within 0.005 of torch at equal epochs"
+    try:  # data (and models) of up to gigabytes: removed also on failure or Ctrl-C
+        generate_data.main(["--out_dir", tmp, "--train_lines", str(args.lines), "--test_lines", "50000"])
+        train_files = sorted(os.path.join(tmp, "train", f) for f in os.listdir(os.path.join(tmp, "train")))
+        test_files = sorted(os.path.join(tmp, "test", f) for f in os.listdir(os.path.join(tmp, "test")))
+        train = load_batches(train_files, args.batch_size)
+        test = load_batches(test_files, 2000)
+        result = {"bench": "torch_ctr", "model": "ctr_dnn", "lines": args.lines, "epochs": args.epochs,
+                  "batch_size": args.batch_size, "threads": args.threads, "nproc": os.cpu_count()}
+        result["fleet"] = fleet_run(train_files, test, args)
+        result["torch"] = torch_run(train, test, args)
+        result["speed_vs_torch"] = round(result["fleet"]["examples_per_sec"] / result["torch"]["examples_per_sec"], 3)
+        result["auc_minus_torch"] = round(result["fleet"]["test_auc"] - result["torch"]["test_auc"], 4)
+        result["goal"] = "fleet examples/s >= torch; test AUC within 0.005 of torch at equal epochs"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(result))
 
 

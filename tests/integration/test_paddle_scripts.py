@@ -120,12 +120,13 @@ def test_dist_fleet_ctr_passes_its_own_checks_and_learns(procs, tmp_path, mode):
 
 
 @pytest.mark.slow
-def test_dist_fleet_ctr_runs_with_roles_from_its_arguments_as_paddles_harness_starts_it(procs, free_ports):
+def test_dist_fleet_ctr_runs_with_roles_from_its_arguments_as_paddles_harness_starts_it(procs, free_ports, tmp_path):
     """TestFleetBase starts two pservers and two trainers with --role/--endpoints/--current_id
-    (UserDefinedRoleMaker), not with environment variables."""
+    (UserDefinedRoleMaker), not with environment variables. (The script saves to a
+    tempfile.mkdtemp() it never removes: TMPDIR puts that in tmp_path.)"""
     endpoints = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
     common = ["dist_fleet_ctr.py", "--endpoints", endpoints, "--trainers", 2, "--mode", "async"]
-    env = _env(SAVE_MODEL="1")
+    env = _env(SAVE_MODEL="1", TMPDIR=str(tmp_path))
     started = [procs.start([sys.executable, *map(str, common), "--role", role, "--current_id", str(i)],
                            cwd=DIST_FLEET_CTR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for role in ("pserver", "trainer") for i in (0, 1)]
