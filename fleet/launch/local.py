@@ -488,13 +488,9 @@ class _Job:
                 return self._on_membership_change(change)
             if self.elastic is not None:
                 self.elastic.tick()
-            if any(ch.failed() for ch in self.children):
-                # Processes that exited at about the same time: let every waiter thread
-                # record its exit, then the earliest is the root cause.
-                time.sleep(2 * _POLL_SECONDS)
-                failed = sorted((ch for ch in self.children if ch.failed()),
-                                key=lambda ch: ch.exit_time)
-                return self._on_failure(failed[0])
+            first = self._first_failure()
+            if first is not None:
+                return self._on_failure(first)
             workers = [ch for ch in self.children if ch.role == "worker"]
             if (self.elastic.workers_done() if self.elastic is not None
                     else all(ch.returncode == 0 for ch in workers)):
@@ -540,6 +536,20 @@ class _Job:
                 return self._on_timeout()
             self.exited.wait(_POLL_SECONDS)
             self.exited.clear()
+
+    def _first_failure(self):
+        """The root cause when a process failed, else None. Processes that exited at about
+        the same time: every waiter thread gets to record its exit, then the earliest is
+        the root cause. In an elastic job, exits recorded since the loop's tick (a worker
+        may die between the tick and this check) go through the elastic policy first, so
+        a worker it tolerates is reported as lost, not as the job's failure."""
+        if not any(ch.failed() for ch in self.children):
+            return None
+        time.sleep(2 * _POLL_SECONDS)
+        if self.elastic is not None:
+            self.elastic.tick()
+        failed = sorted((ch for ch in self.children if ch.failed()), key=lambda ch: ch.exit_time)
+        return failed[0] if failed else None
 
     def _running(self):
         return [ch for ch in self.children if ch.returncode is None]

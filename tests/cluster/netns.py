@@ -204,9 +204,33 @@ class Host:
         """Cut the host off: its veth goes down (``ip link set DEV down`` in its namespace)."""
         _run(["ip", "-n", self.ns, "link", "set", self.dev, "down"])
 
-    def link_up(self):
-        """Bring its veth back up (undo link_down)."""
+    def link_up(self, timeout=10.0):
+        """Bring its veth back up (undo link_down) and wait until it carries traffic again
+        (``wait_link``)."""
         _run(["ip", "-n", self.ns, "link", "set", self.dev, "up"])
+        self.wait_link(timeout)
+
+    def wait_link(self, timeout=10.0):
+        """Wait until the host's link carries traffic: both veth ends operationally up
+        (the kernel reports a carrier change up to a second after 'ip link set up') and
+        the bridge port forwarding. Raises RuntimeError naming what is not up after
+        ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = {
+                f"{self.dev} in {self.ns}": "state UP" in _run(["ip", "-n", self.ns, "-o", "link", "show", "dev",
+                                                               self.dev]).stdout,
+                f"{self.peer} in {self.cluster.bridge_ns}": "state UP" in _run(
+                    ["ip", "-n", self.cluster.bridge_ns, "-o", "link", "show", "dev", self.peer]).stdout,
+                f"bridge port {self.peer}": "state forwarding" in _run(
+                    ["bridge", "-n", self.cluster.bridge_ns, "link", "show", "dev", self.peer]).stdout,
+            }
+            if all(states.values()):
+                return
+            if time.monotonic() >= deadline:
+                down = ", ".join(name for name, up in states.items() if not up)
+                raise RuntimeError(f"{self.name}'s link is not up after {timeout:g} s: {down} not up/forwarding")
+            time.sleep(0.05)
 
     def pids(self) -> list[int]:
         """Every process in the namespace (``ip netns pids``), its sshd included."""
@@ -365,6 +389,8 @@ class Cluster:
             _run(["ip", "-n", self.bridge_ns, "link", "set", h.peer, "up"])
             _run(["ip", "-n", h.ns, "addr", "add", f"{h.addr}/24", "dev", h.dev])
             _run(["ip", "-n", h.ns, "link", "set", h.dev, "up"])
+        for h in self.hosts:
+            h.wait_link()
 
     def shape(self, rate: str | None = "100mbit"):
         """Limit every host's link to rate in both directions (tc tbf), or None to unlimit.
