@@ -199,3 +199,31 @@ def test_slot_merging_leaves_ops_whose_ids_are_written_in_between():
     want = np.concatenate([[table[1] + table[2], table[3]], [[0, 0], table[4] + table[5]],
                            [table[1] + table[2], table[3]]], axis=1)
     np.testing.assert_array_equal(got, want)
+
+
+def test_slot_merging_reads_prefetched_rows_as_the_slots_did(monkeypatch):
+    """On a distributed worker the table is the batch's PrefetchedRows (padding id too)."""
+    def run():
+        fw.unique_name.reset()
+        main, startup = fw.Program(), fw.Program()
+        with fw.program_guard(main, startup):
+            slots = [layers.data(f"s{i}", shape=[1], dtype="int64", lod_level=1) for i in range(3)]
+            pooled = [layers.sequence_pool(layers.embedding(s, size=[10**9, 3], is_distributed=True, is_sparse=True,
+                                                            param_attr="T", padding_idx=7), "sqrt") for s in slots]
+            out = layers.concat(pooled, axis=1)
+            loss = layers.mean(layers.square(out))
+            fw.append_backward(loss, parameter_list=["T"])
+        feed = _slot_feed(np.random.default_rng(4))
+        feed = {k: ((v[0] * 999983 + 7) % 10**9, v[1]) if k != "y" else v for k, v in feed.items() if k != "y"}
+        feed["s0"][0][:2] = 7
+        uniq = np.unique(np.concatenate([feed[f"s{i}"][0] for i in range(3)] + [np.array([5])]))
+        values = np.random.default_rng(2).standard_normal((len(uniq), 3)).astype(np.float32)
+        scope = fw.Scope()
+        scope.vars["T"] = fw.tensor.PrefetchedRows("T", uniq, values, 10**9)
+        return _types(main), fw.Executor().run(main, feed=feed, fetch_list=[out, loss, "T@GRAD"], scope=scope,
+                                               return_numpy=False)
+    types, merged = run()
+    monkeypatch.setattr(passes, "_fuse_table_slots", lambda ops: ops)
+    _, plain = run()
+    assert "fused_multi_embedding_seq_pool_grad" in types
+    _assert_same_run(([merged], {}), ([plain], {}))
