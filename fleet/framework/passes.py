@@ -176,7 +176,8 @@ def _grad_group(ops, fwd):
     for j, op in enumerate(ops):
         if op.type == "fused_embedding_seq_pool_grad" and op.input("Out")[0] in outs:
             k = outs[op.input("Out")[0]]
-            if k in grad_of or op.input("Ids") != fwd[k].input("Ids") or op.input("W") != fwd[k].input("W"):
+            if (k in grad_of or op.input("Ids") != fwd[k].input("Ids") or op.input("W") != fwd[k].input("W")
+                    or len(op.input("Out@GRAD")) != 1 or not op.input("Out@GRAD")[0]):
                 return None
             grad_of[k] = j
     if len(grad_of) != len(fwd):
