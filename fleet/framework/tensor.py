@@ -2,6 +2,7 @@
 import numpy as np
 
 from fleet.errors import DataError
+from fleet.kernels import embedding as emb
 
 
 class SparseRows:
@@ -124,18 +125,28 @@ class PrefetchedRows:
     ``ids[i]``; ``ids`` sorted and unique. Lookup ops read a table through it on a
     distributed worker (the table itself lives on the servers)."""
 
-    __slots__ = ("ids", "values", "height", "name")
+    __slots__ = ("ids", "values", "height", "name", "_index")
 
     def __init__(self, name, ids, values, height):
         self.name = name
         self.ids = ids
         self.values = values
         self.height = int(height)
+        self._index = None
 
     @property
     def shape(self):
         return (self.height, self.values.shape[1])
 
     def local(self, ids):
-        """Maps table row ids (each present in ``self.ids``) to positions in ``values``."""
-        return np.searchsorted(self.ids, ids)
+        """Maps table row ids (each present in ``self.ids``) to positions in ``values``
+        (``np.searchsorted(self.ids, ids)``, through a hash index of ``self.ids`` built on
+        the first call: a batch's lookups of one table share it). Thread-safe: threads
+        racing on the first call each build the same index."""
+        table_ids = np.ascontiguousarray(self.ids, dtype=np.int64)
+        if self._index is None:
+            self._index = emb.index_sorted_ids(table_ids)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        out = np.empty(ids.shape, dtype=np.int64)
+        emb.positions_in_sorted(table_ids, self._index, ids.reshape(-1), out.reshape(-1))
+        return out

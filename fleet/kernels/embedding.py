@@ -211,6 +211,84 @@ def check_ids(ids, height):
     return -1
 
 
+_FIBONACCI = np.uint64(0x9E3779B97F4A7C15)
+
+
+@numba.njit(cache=True, nogil=True)
+def index_sorted_ids(sorted_ids):
+    """Builds the hash index of ``sorted_ids`` that :func:`positions_in_sorted` probes.
+
+    Args:
+        sorted_ids: int64 [n], sorted.
+
+    Returns:
+        int32 [capacity] (a power of two >= 2n, at least 2): each slot -1 or a position
+        in ``sorted_ids``; open addressing with linear probing on the top bits of
+        ``id * 0x9E3779B97F4A7C15``. Releases the GIL.
+    """
+    n = sorted_ids.shape[0]
+    bits = 1
+    while (1 << bits) < 2 * n:
+        bits += 1
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)
+    slots = np.full(1 << bits, -1, dtype=np.int32)
+    for r in range(n):
+        s = np.int64((np.uint64(sorted_ids[r]) * _FIBONACCI) >> shift)
+        while slots[s] >= 0:
+            s = (s + 1) & mask
+        slots[s] = r
+    return slots
+
+
+@numba.njit(cache=True, nogil=True)
+def positions_in_sorted(sorted_ids, slots, ids, out):
+    """Writes ``np.searchsorted(sorted_ids, ids)`` into ``out`` through the hash index
+    ``slots`` of :func:`index_sorted_ids`: one probe per id instead of a binary search
+    (whose dependent cache misses cost ~1.5 ms for a CTR batch's 26,000 ids). An id
+    absent from ``sorted_ids`` gets its binary-search insertion point; of repeated ids in
+    ``sorted_ids`` the first is found, as searchsorted's (left) answer.
+
+    Args:
+        sorted_ids: int64 [n], sorted.
+        slots: int32 from ``index_sorted_ids(sorted_ids)``.
+        ids: int64 [N].
+        out: int64 [N], written.
+
+    Returns:
+        None. Releases the GIL.
+    """
+    mask = slots.shape[0] - 1
+    bits = 0
+    while (1 << bits) < slots.shape[0]:
+        bits += 1
+    shift = np.uint64(64 - bits)
+    for i in range(ids.shape[0]):
+        x = ids[i]
+        s = np.int64((np.uint64(x) * _FIBONACCI) >> shift)
+        pos = -1
+        while slots[s] >= 0:
+            if sorted_ids[slots[s]] == x:
+                pos = slots[s]
+                break
+            s = (s + 1) & mask
+        if pos < 0:  # absent: the insertion point, as searchsorted
+            lo, hi = 0, sorted_ids.shape[0]
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if sorted_ids[mid] < x:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            pos = lo
+        out[i] = pos
+
+
+def positions_in_sorted_reference(sorted_ids, ids):
+    """Numpy twin of :func:`positions_in_sorted` (returns the positions)."""
+    return np.searchsorted(sorted_ids, ids)
+
+
 def gather_pool_reference(table, ids, offsets, pool, padding_idx, out, argmax):
     """Numpy twin of :func:`gather_pool` (same arguments, same float32 operation order)."""
     dim = table.shape[1]

@@ -181,3 +181,26 @@ def test_check_ids_accepts_the_edges_and_flags_height_itself():
     assert emb.check_ids(np.array([0, 9, 5], dtype=np.int64), 10) == -1
     assert emb.check_ids(np.array([0, 9, 10, -1], dtype=np.int64), 10) == 2
     assert emb.check_ids(np.zeros(0, dtype=np.int64), 10) == -1
+
+
+@SETTINGS
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 40) | st.integers(0, 2**20).map(lambda x: x << 40),
+             max_size=60),
+    st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 40), max_size=20),
+    st.booleans(),
+)
+def test_positions_in_sorted_equal_searchsorted_for_present_absent_and_repeated_ids(table, extra, unique):
+    sorted_ids = np.unique(np.array(table, dtype=np.int64)) if unique else np.sort(np.array(table, dtype=np.int64))
+    ids = np.concatenate([sorted_ids[::-1], np.array(extra, dtype=np.int64), sorted_ids[::3]])
+    out = np.full(len(ids), -7, dtype=np.int64)
+    emb.positions_in_sorted(sorted_ids, emb.index_sorted_ids(sorted_ids), ids, out)
+    np.testing.assert_array_equal(out, emb.positions_in_sorted_reference(sorted_ids, ids))
+
+
+def test_index_sorted_ids_holds_every_position_once_at_load_at_most_half():
+    sorted_ids = np.arange(0, 3000, 3, dtype=np.int64)
+    slots = emb.index_sorted_ids(sorted_ids)
+    assert len(slots) == 2048 and slots.dtype == np.int32
+    np.testing.assert_array_equal(np.sort(slots[slots >= 0]), np.arange(1000))
+    assert len(emb.index_sorted_ids(np.zeros(0, dtype=np.int64))) == 2

@@ -97,18 +97,19 @@ def _ids_of(ctx, ids):
     return flat, None, ids.shape
 
 
-def _check_ids(ctx, flat, height):
+def _check_ids(ctx, flat, height, starts=None):
     bad = emb.check_ids(flat, height)
     if bad >= 0:
         w_name = ctx.input_name("W")
+        slot = 0 if starts is None else int(np.searchsorted(starts, bad, side="right")) - 1
         raise DataError(
             f"embedding {w_name!r} has {height} rows but got id {int(flat[bad])} "
-            f"(input {ctx.input_name('Ids')!r}); ids must be in [0, {height}): hash them into "
+            f"(input {ctx.input_name('Ids', slot)!r}); ids must be in [0, {height}): hash them into "
             f"the table size or enlarge size[0]"
         )
 
 
-def _table_and_ids(ctx, w, flat):
+def _table_and_ids(ctx, w, flat, starts=None):
     """Returns (array to gather from, ids into it, padding index into it).
 
     Locally that is the table itself. On a distributed worker ``w`` holds the rows
@@ -128,7 +129,7 @@ def _table_and_ids(ctx, w, flat):
             f"sparse table that admits ids (the servers', or fleet's local tables), not a plain array: "
             f"import fleet and run the program with a fleet Executor (fleet.Executor()), which serves such "
             f"tables locally")
-    _check_ids(ctx, flat, w.shape[0])
+    _check_ids(ctx, flat, w.shape[0], starts)
     return w, flat, _padding(ctx, w.shape[0])
 
 
@@ -274,6 +275,72 @@ class FusedEmbeddingSeqPool(OpDef):
         values = np.empty((len(ids.values), w.shape[1]), dtype=np.float32)
         emb.gather_pool_grad(g, ids.values, ids.offsets, pool, _padding(ctx, w.shape[0]), argmax, values)
         ctx.set_output("W@GRAD", _table_grad(ctx, w, ids.values.copy(), values))
+
+
+@register_op
+class FusedMultiEmbeddingSeqPool(OpDef):
+    """Several fused_embedding_seq_pool ops of one table (sum, average or sqrt pool) in one
+    kernel call (made by the execution pass). ``Ids`` and ``Out`` list the slots; the grad
+    op writes one gradient of ``W``: every slot's rows, slot after slot in ``Ids`` order."""
+
+    type = "fused_multi_embedding_seq_pool"
+    grad_slots = ("W",)
+    lod = lod.SEQUENCE
+
+    def forward(self, ctx):
+        w = ctx.input("W")
+        flat, offsets, batches, starts = _join_slots(ctx, ctx.op.output("Out")[0])
+        table, local, pad = _table_and_ids(ctx, w, flat, starts)
+        key = "@multi_pool:" + ctx.output_name("Out")
+        out = ctx.local.get(key)
+        if out is None or out.shape != (len(offsets) - 1, w.shape[1]):
+            out = ctx.local[key] = np.empty((len(offsets) - 1, w.shape[1]), dtype=np.float32)
+        emb.gather_pool(table, local, offsets, POOL_TYPES[ctx.attrs["pooltype"]], pad, out, _dummy_argmax())
+        row = 0
+        for k, batch in enumerate(batches):
+            ctx.set_output("Out", out[row:row + batch], k)
+            row += batch
+
+    def backward(self, ctx):
+        w = ctx.input("W")
+        flat, offsets, _, _ = _join_slots(ctx, ctx.op.input("Out")[0], last_use=True)
+        grads = ctx.inputs("Out@GRAD")
+        dout = grads[0] if len(grads) == 1 else np.concatenate(grads)
+        values = np.empty((len(flat), w.shape[1]), dtype=np.float32)
+        emb.gather_pool_grad(dout, flat, offsets, POOL_TYPES[ctx.attrs["pooltype"]],
+                             _padding(ctx, w.shape[0]), _dummy_argmax(), values)
+        # flat is this step's own array (a concatenation, no longer kept): not a copy
+        ctx.set_output("W@GRAD", _table_grad(ctx, w, flat, values))
+
+
+def _join_slots(ctx, out_name, last_use=False):
+    """(every slot's ids in one array, one offsets array over all slots' examples, the
+    slots' batch sizes, each slot's first position in the ids), slot after slot. The
+    forward keeps its result for the grad op (``last_use``), which reads the same ids
+    objects."""
+    slots = ctx.inputs("Ids")
+    key = "@multi_ids:" + out_name
+    kept = ctx.local.pop(key, None) if last_use else None
+    if kept is not None and len(kept[0]) == len(slots) and all(a is b for a, b in zip(kept[0], slots)):
+        return kept[1]
+    for k, ids in enumerate(slots):
+        if not isinstance(ids, LoDTensor):
+            raise DataError(f"input {ctx.input_name('Ids', k)!r} must be a lod_level=1 value (ids per example)")
+    batches = [ids.batch_size for ids in slots]
+    sizes = np.array([len(ids.values) for ids in slots], dtype=np.int64)
+    starts = np.zeros(len(slots), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    flat = np.concatenate([ids.values for ids in slots])
+    offsets = np.empty(sum(batches) + 1, dtype=np.int64)
+    row = 0
+    for ids, batch, start in zip(slots, batches, starts):
+        np.add(ids.offsets[:-1], start, out=offsets[row:row + batch])
+        row += batch
+    offsets[row] = len(flat)
+    joined = (flat, offsets, batches, starts)
+    if not last_use:
+        ctx.local[key] = (slots, joined)
+    return joined
 
 
 # ------------------------------------------------------------------------- losses
