@@ -537,7 +537,7 @@ class WorkerGroup:
         lo, hi = flat.size * r // n, flat.size * (r + 1) // n  # part r: reduced here, so not copied in
         if r == 0 and (self._segment is None or self._segment.nbytes < need):
             self._replace_segment(SharedSegment.create(need))
-            self._segment_gen = seq or 1
+            self._segment_gen = seq  # never 0, the generation before any data segment
             ctl.publish_data(self._segment.key, self._segment.nbytes, self._segment_gen)
         wrote = 0
         if (clean and self._segment is not None and self._segment.nbytes >= need

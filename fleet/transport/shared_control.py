@@ -66,8 +66,9 @@ def _futex():
 
 
 def word(seq):
-    """An operation number as stored in a 32-bit word (it wraps after 2**32 operations)."""
-    return seq & _MASK
+    """An operation number as stored in a 32-bit word: 1 to 2**32 - 1, never 0 (the
+    words' initial value, so no operation is taken as reached before it was)."""
+    return seq % _MASK + 1
 
 
 class ControlBlock:
