@@ -117,9 +117,13 @@ once both ranks had arrived where the ring took 1.5-5.1 ms (6 interleaved runs).
 SHM_MIN_BYTES = 256 * 1024
 """Arrays of at least this many bytes are all-reduced through shared memory when every
 rank of the group is on this host (and FLEET_GROUP_SHM is not 0); smaller ones by direct
-exchange, whose single round of messages beats the shared-memory path's two rounds of
-tokens below about this size (benchmarks/bench_collective.py's sweep, 2 cores: at 256 KiB
-shared memory took 362 vs 381 us over 2 processes, 973 vs 1351 us over 4; docs/internals.md)."""
+exchange. Chosen when shared memory still synchronised with two rounds of ZeroMQ tokens,
+which the direct exchange's single round beat below about this size (2 cores: at 256 KiB
+362 vs 381 us over 2 processes, 973 vs 1351 us over 4). Since the ranks wait on each
+other in the control block, shared memory was faster at every size of
+benchmarks/bench_collective.py's sweep (1 KiB: 28 vs 130 us over 2 processes, 112 vs
+622 us over 4; 256 KiB: 40 vs 265, 158 vs 982; one run on 2 cores): a lower value is
+the next step, once the jobs that all-reduce small arrays have been measured with it."""
 REDUCE_OPS = ("sum", "mean", "max", "min")
 REDUCE_DTYPES = ("float32", "float64", "int32", "int64")
 ENDPOINTS_ENV = "PADDLE_TRAINER_ENDPOINTS"
