@@ -35,16 +35,21 @@ ring each chunk's final value is computed once, on one rank, and then copied to 
 others.
 
 Shared memory: when every rank runs on this host (``shared_segment.host_identity()``,
-exchanged when joining) and none sets FLEET_GROUP_SHM=0, ``all_reduce`` of arrays of
-``shm_min_bytes`` (SHM_MIN_BYTES, 256 KiB) or more goes through a memory segment every
-rank maps (``shared_segment.SharedSegment``: anonymous, so nothing can be left behind):
-each rank copies its array into its slot and sends every rank its descriptor; rank r
-reduces part r of every slot into the result area, in the order of the ZeroMQ path the
-group would otherwise take (the ring's, from rank r round, for ``ring_min_bytes`` and
-more; else rank order, as the direct exchange), so a result has the same bits whether
-the ranks share a host or not, and sends every rank a token; each copies the result out. ZeroMQ carries
-only those small messages, so timeouts, mismatch detection and ``PeerLostError`` work as
-on the other paths. ``all_gather`` and ``broadcast`` stay on ZeroMQ.
+exchanged when joining), the machine is x86-64 Linux (``shared_control.supported()``)
+and none sets FLEET_GROUP_SHM=0, ``all_reduce`` of arrays of ``shm_min_bytes``
+(SHM_MIN_BYTES, 256 KiB) or more goes through memory every rank maps (anonymous
+segments, ``shared_segment.SharedSegment``: nothing can be left behind): a control block
+rank 0 creates when the group forms (``shared_control.ControlBlock``: every rank's
+progress words and descriptor) and a data segment (one slot per rank and the result).
+Each rank copies its array into its slot and stores its descriptor and "arrived";
+rank r reduces part r of every slot into the result area, in the order of the ZeroMQ
+path the group would otherwise take (the ring's, from rank r round, for
+``ring_min_bytes`` and more; else rank order, as the direct exchange), so a result has
+the same bits whether the ranks share a host or not, and stores "reduced"; each copies
+the result out. The ranks wait on each other's words with futexes, in slices between
+which they check liveness, so timeouts (naming the ranks that did not arrive),
+mismatch detection and ``PeerLostError`` work as on the other paths; no ZeroMQ message
+is sent. ``all_gather`` and ``broadcast`` stay on ZeroMQ.
 
 CURVE: with keys (``CurveConfig``), each ROUTER is a CURVE server and each DEALER a CURVE
 client, both with the job's *client* key pair (the one every worker holds); the ROUTER
@@ -81,6 +86,8 @@ from fleet.errors import ConfigError, FleetTimeoutError, PeerLostError, Transpor
 from fleet.logs import WaitLog, wait_log_ms
 from fleet.transport import message, settings
 from fleet.transport.curve import KEYS_DIR_ENV, CurveConfig, check_curve_available
+from fleet.transport import shared_control
+from fleet.transport.shared_control import ARRIVED, REDUCED, WRITTEN, WROTE, ControlBlock, encode_desc, word
 from fleet.transport.shared_segment import SharedSegment, aligned, host_identity, shm_enabled
 
 log = logging.getLogger("fleet.transport")
@@ -110,9 +117,13 @@ once both ranks had arrived where the ring took 1.5-5.1 ms (6 interleaved runs).
 SHM_MIN_BYTES = 256 * 1024
 """Arrays of at least this many bytes are all-reduced through shared memory when every
 rank of the group is on this host (and FLEET_GROUP_SHM is not 0); smaller ones by direct
-exchange, whose single round of messages beats the shared-memory path's two rounds of
-tokens below about this size (benchmarks/bench_collective.py's sweep, 2 cores: at 256 KiB
-shared memory took 362 vs 381 us over 2 processes, 973 vs 1351 us over 4; docs/internals.md)."""
+exchange. Chosen when shared memory still synchronised with two rounds of ZeroMQ tokens,
+which the direct exchange's single round beat below about this size (2 cores: at 256 KiB
+362 vs 381 us over 2 processes, 973 vs 1351 us over 4). Since the ranks wait on each
+other in the control block, shared memory was faster at every size of
+benchmarks/bench_collective.py's sweep (1 KiB: 28 vs 130 us over 2 processes, 112 vs
+622 us over 4; 256 KiB: 40 vs 265, 158 vs 982; one run on 2 cores): a lower value is
+the next step, once the jobs that all-reduce small arrays have been measured with it."""
 REDUCE_OPS = ("sum", "mean", "max", "min")
 REDUCE_DTYPES = ("float32", "float64", "int32", "int64")
 ENDPOINTS_ENV = "PADDLE_TRAINER_ENDPOINTS"
@@ -127,6 +138,14 @@ _COUNTERS = ("operations", "messages_sent", "messages_received", "bytes_sent", "
              "malformed_messages", "shm_operations")
 _SPARES = 2  # ring results kept for reuse: two, so `g = group.all_reduce(g)` in a loop reuses the one before last
 _SPARE_MIN_BYTES = 32 << 20  # glibc's largest mmap threshold: malloc maps every larger block afresh
+_SHM_SPIN_S = 50e-6
+"""How long a shared-memory wait polls (with sched_yield) before it sleeps on the futex.
+4 processes on 2 cores, microseconds per all_reduce, three interleaved rounds, futex
+only / 50 us / 200 us of polling: 1 MiB 415, 312, 316 / 319, 253, 255 / 324, 251, 262;
+4 MiB 1304, 1134, 1163 / 1276, 1173, 1121 / 1079, 1087, 1131 (the same CPU time): a
+waker's FUTEX_WAKE of a sleeping rank costs a few tens of microseconds here, while
+polling longer only burns time a rank with work could use."""
+_REDUCE_CHUNK_BYTES = 256 << 10  # the shared-memory reduction's unit: its running value stays in the L2 cache
 _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 _MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -158,7 +177,7 @@ class WorkerGroup:
         ring_min_bytes, chunk_bytes, shm_min_bytes: the algorithm settings (RING_MIN_BYTES,
             or TWO_RANK_RING_MIN_BYTES in a group of 2; CHUNK_BYTES; SHM_MIN_BYTES); every
             rank must use the same values.
-        shared_memory: True when every rank runs on this host and allows shared memory
+        shared_memory: True when every rank runs on this host (x86-64 Linux) and allows shared memory
             (FLEET_GROUP_SHM is not 0 on any): all_reduce then goes through shared memory
             from ``shm_min_bytes`` on.
 
@@ -187,9 +206,13 @@ class WorkerGroup:
         self.ring_min_bytes = RING_MIN_BYTES if self.size > 2 else TWO_RANK_RING_MIN_BYTES
         self.chunk_bytes = CHUNK_BYTES
         self.shm_min_bytes = SHM_MIN_BYTES
-        self._host = host_identity() if shm_enabled() else None  # None: this rank shares no memory
+        # None: this rank shares no memory
+        self._host = host_identity() if shm_enabled() and shared_control.supported() else None
         self.shared_memory = False  # every rank on this host, each allowing it: set once joined
-        self._segment = None  # the SharedSegment of the shared-memory all_reduce
+        self._control = None  # the ControlBlock of the shared-memory all_reduce (rank 0 creates it)
+        self._segment = None  # its data segment (rank 0 creates it, larger when an array does not fit)
+        self._segment_gen = 0  # the generation of self._segment (ControlBlock.publish_data)
+        self._shm_clean = False  # this rank's last shared-memory all_reduce succeeded (its slot may be rewritten)
         self._heartbeat_ms, self._heartbeat_timeout_ms = settings.heartbeat_settings()
         self._max_bytes = settings.max_message_bytes()
         self._lock = threading.RLock()
@@ -471,85 +494,174 @@ class WorkerGroup:
         return out
 
     def _shm_all_reduce(self, call, flat, op, desc):
-        """All ranks on this host: each copies its array into its slot of the shared
-        segment and says so (its descriptor); rank r then reduces part r of every slot
-        into the result area, in the order of the ZeroMQ path the group would take (the
-        ring's from ``ring_min_bytes`` on, else the direct exchange's rank order: the same
-        bits on one host as across hosts), and says so; each copies the result out.
+        """All ranks on this host: each copies its array into its slot of the data
+        segment and says so in the control block (``shared_control``); rank r then
+        reduces part r of every slot into the result area, in the order of the ZeroMQ path
+        the group would take (the ring's from ``ring_min_bytes`` on, else the direct
+        exchange's rank order: the same bits on one host as across hosts), into its
+        result directly as well, and says so; each copies every other part out as soon as
+        its rank has said so. A rank reduces its own part from its array, so it copies
+        only the others in. No ZeroMQ message: the ranks wait on each other's
+        progress words with futexes, checking liveness and their ZeroMQ inbox (a rank that
+        runs another operation sends there) between slices of ``_POLL_MS``.
 
-        Layout after the header: slot 0, ..., slot N-1, result, each ``aligned(nbytes)``.
-        Rank 0 creates the segment (larger when an array does not fit) and names it in its
-        descriptor; a rank that did not have it yet attaches, copies and says so (step 1).
-        Two rounds of tokens per call keep the memory safe without a third: a rank writes
-        its slot of the next call only after every rank has reduced this one (step 2), and
-        the result area is rewritten only after every rank has written its slot of the
-        next call, hence finished copying this call's result out. A rank whose call fails
-        (a timeout, a mismatch, a lost rank) forgets the segment: its next call writes its
-        slot only after every rank's descriptor of that call came (as a rank that did not
-        have it), so it never overwrites data a slower rank still reduces."""
-        try:
-            return self._shm_steps(call, flat, op, desc)
-        except BaseException:
-            self._replace_segment(None)
-            raise
+        Data segment: slot 0, ..., slot N-1, result, each ``aligned(nbytes)``. Rank 0
+        creates it (again, larger, when an array does not fit) before it arrives and
+        publishes it in the control block; a rank whose mapping is older attaches it once
+        every rank has arrived.
 
-    def _shm_steps(self, call, flat, op, desc):
-        n, r = self.size, self.rank
+        Each rank's record holds the operation number of its last arrival (descriptor
+        stored and, if ``WROTE``, its array copied in), late copy-in (``WRITTEN``) and
+        reduction (``REDUCED``); a rank waits until the others' word *equals* this call's
+        number, so a rank that gave up on this call and went on is never taken for one
+        that took part. Why no rank overwrites memory another still reads:
+        - a slot of call s is written (a) before arriving only by a rank whose previous
+          shared-memory call s0 succeeded on this data segment: it saw every rank's
+          REDUCED = s0, so no rank reads slots any more (all ranks run the same calls, so
+          there was none between), and slots of s are read only once every rank arrived
+          at s; or (b) once every rank arrived at s, hence left every earlier call (one
+          operation at a time per rank): by a rank whose last call failed (a timeout, a
+          mismatch, a lost rank: it sets nothing more in that call and writes nothing
+          until this point), by one that had no data segment or an older one, and by
+          every rank after rank 0 made a new one;
+        - the result area of s is written only once every rank arrived at s, and a rank
+          copies the previous result out (each part after that part's REDUCED, so a
+          rank whose call succeeded has seen every rank's REDUCED) before it returns;
+        - a data segment rank 0 replaces stays mapped, unchanged, in every rank still
+          using it (the kernel frees it with the last mapping)."""
+        clean, self._shm_clean = self._shm_clean, False  # stays False if this call fails
+        out = self._shm_steps(call, flat, op, desc, clean)
+        self._shm_clean = True
+        return out
+
+    def _shm_steps(self, call, flat, op, desc, clean):
+        n, r, ctl, seq = self.size, self.rank, self._control, word(call.seq)
         slot = aligned(flat.nbytes)
         need = (n + 1) * slot
+        lo, hi = flat.size * r // n, flat.size * (r + 1) // n  # part r: reduced here, so not copied in
         if r == 0 and (self._segment is None or self._segment.nbytes < need):
             self._replace_segment(SharedSegment.create(need))
-        wrote = self._shm_write(flat, slot, need)
-        desc = {**desc, "w": wrote}
-        if r == 0:
-            desc["seg"] = [*self._segment.key, self._segment.nbytes]
-        for p in self.peers:
-            self._send(p, call.seq, "all_reduce", step=0, desc=desc)
-        first = self._first_messages(call)
-        self._check_descs(call, desc, first, ("kind", "op", "dtype", "shape", "algo"))
-        seg = desc["seg"] if r == 0 else first[0].header["d"].get("seg")
-        if not (isinstance(seg, list) and len(seg) == 4 and all(isinstance(v, int) for v in seg)):
-            raise TransportError(f"{call.what}: rank 0 described its shared memory as {seg!r}, not [pid, fd, key, "
-                                 f"bytes]; the ranks run different fleet versions")
-        late = [p for p in range(1, n) if (desc if p == r else first[p].header["d"]).get("w") != seg[:3]]
-        if r in late:  # rank 0 made a new segment: map it, then copy in
-            self._replace_segment(SharedSegment.attach(seg[:3], seg[3]))
-            self._shm_write(flat, slot, need)
-            for p in self.peers:
-                self._send(p, call.seq, "all_reduce", step=1)
-        for p in late:
-            if p != r:
-                self._take_step(call, p, 1, 0)
-        lo, hi = flat.size * r // n, flat.size * (r + 1) // n
-        views = [self._segment.view(flat.dtype, flat.size, p * slot)[lo:hi] for p in range(n + 1)]
-        ufunc, result = _UFUNCS[op], views[n]
+            self._segment_gen = seq  # never 0, the generation before any data segment
+            ctl.publish_data(self._segment.key, self._segment.nbytes, self._segment_gen)
+        wrote = 0
+        if (clean and self._segment is not None and self._segment.nbytes >= need
+                and self._segment_gen == ctl.generation()):
+            self._shm_write(flat, slot, lo, hi)
+            wrote = self._segment_gen
+        mine = encode_desc(desc)
+        ctl.put_desc(r, mine)
+        ctl.put(r, WROTE, wrote)
+        ctl.post(r, ARRIVED, seq)
+        self._shm_wait(call, ARRIVED, self.peers, "arriving", desc)
+        if any(ctl.desc_bytes(p) != mine for p in self.peers):
+            self._raise_mismatch(call, {**{p: ctl.desc(p) for p in self.peers}, r: desc})
+        gen, key, nbytes = ctl.data()
+        if gen != self._segment_gen:
+            self._replace_segment(None)
+            self._replace_segment(SharedSegment.attach(key, nbytes))
+            self._segment_gen = gen
+        if self._segment.nbytes < need:
+            raise TransportError(f"{call.what}: rank 0 published {self._segment.nbytes} bytes of shared memory for "
+                                 f"an all_reduce that needs {need}; the ranks run different fleet versions")
+        late = [p for p in range(n) if ctl.get(p, WROTE) != gen]
+        if r in late:
+            self._shm_write(flat, slot, lo, hi)
+            ctl.post(r, WRITTEN, seq)
+        if any(p != r for p in late):
+            self._shm_wait(call, WRITTEN, [p for p in late if p != r], "copying in")
+        out = self._result_buffer(flat)
+        self._shm_reduce(flat, op, slot, lo, hi, out)
+        ctl.post(r, REDUCED, seq)
+        result = self._segment.view(flat.dtype, flat.size, n * slot)
+        for j in range(1, n):  # each part as soon as its rank has reduced it: no core idles at a barrier
+            p = (r + j) % n
+            self._shm_wait(call, REDUCED, [p], "reducing", named=self.peers)
+            a, b = flat.size * p // n, flat.size * (p + 1) // n
+            out[a:b] = result[a:b]
+        self._counters["shm_operations"] += 1
+        return out
+
+    def _shm_reduce(self, flat, op, slot, lo, hi, out):
+        """Reduces part [lo, hi) of every rank's slot (this rank's own from ``flat``) into
+        the result area and ``out``, ``_REDUCE_CHUNK_BYTES`` at a time so the running
+        value stays in the cache (elementwise: the same bits as one pass)."""
+        n, r = self.size, self.rank
+        parts = [flat[lo:hi] if p == r else self._segment.view(flat.dtype, flat.size, p * slot)[lo:hi]
+                 for p in range(n)]
+        result = self._segment.view(flat.dtype, flat.size, n * slot)[lo:hi]
         # The order of the path the group takes without shared memory, so a job's result
         # does not depend on whether its ranks share a host: from rank r round, as the
         # ring completes segment r (part r has the ring's segment bounds), or rank order,
         # as the direct exchange
         order = [(r + j) % n for j in range(n)] if flat.nbytes >= self.ring_min_bytes else list(range(n))
-        ufunc(views[order[0]], views[order[1]], out=result)
-        for p in order[2:]:
-            ufunc(result, views[p], out=result)
-        if op == "mean":
-            np.divide(result, n, out=result)
-        del views, result
-        for p in self.peers:
-            self._send(p, call.seq, "all_reduce", step=2)
-        for p in self.peers:
-            self._take_step(call, p, 2, 0)
-        out = self._result_buffer(flat)
-        np.copyto(out, self._segment.view(flat.dtype, flat.size, n * slot))
-        self._counters["shm_operations"] += 1
-        return out
+        ufunc = _UFUNCS[op]
+        step = max(1, _REDUCE_CHUNK_BYTES // flat.itemsize)
+        for a in range(0, hi - lo, step):
+            dst = result[a:a + step]
+            ufunc(parts[order[0]][a:a + step], parts[order[1]][a:a + step], out=dst)
+            for p in order[2:]:
+                ufunc(dst, parts[p][a:a + step], out=dst)
+            if op == "mean":
+                np.divide(dst, n, out=dst)
+            out[lo + a:lo + a + dst.size] = dst
 
-    def _shm_write(self, flat, slot, need):
-        """Copies ``flat`` into this rank's slot; returns the segment's key, or None
-        when this rank has no segment large enough yet."""
-        if self._segment is None or self._segment.nbytes < need:
-            return None
-        self._segment.view(flat.dtype, flat.size, self.rank * slot)[...] = flat
-        return self._segment.key
+    def _shm_wait(self, call, which, ranks, stage, desc=None, named=None):
+        """Waits until word ``which`` of every rank in ``ranks`` holds this call's number;
+        a timeout names those of ``named`` (default: ``ranks``) whose word does not.
+        Between futex slices: liveness (PeerLostError), ``alive_check``, the wait log, and
+        (given this rank's ``desc``) a ZeroMQ message of this call from a rank, which
+        runs another operation: both sides then name the mismatch."""
+        ctl, seq = self._control, word(call.seq)
+        missing = [p for p in ranks if ctl.get(p, which) != seq]
+        spin_end = time.monotonic() + _SHM_SPIN_S
+        while missing and time.monotonic() < spin_end:  # yields the core: a rank with work gets it
+            os.sched_yield()
+            missing = [p for p in missing if ctl.get(p, which) != seq]
+        wait = None
+        while missing:
+            now = time.monotonic()
+            remaining = call.deadline - now
+            if remaining <= 0:
+                missing = [p for p in (named or missing) if ctl.get(p, which) != seq]
+                raise FleetTimeoutError(self._timeout_text(f"{call.what} (shared memory: {stage})", missing,
+                                                           call.timeout_ms,
+                                                           f"{settings.RPC_TIMEOUT_MS_ENV} or timeout_ms="))
+            if not ctl.wait(missing[0], which, seq, min(_POLL_MS / 1000.0, remaining)):
+                self._pump(0)
+                self._check_peers(call.what, missing)
+                if self._alive_check is not None:
+                    self._alive_check()
+                if desc is not None:
+                    self._shm_foreign(call, desc)
+                if wait is None and now - call.started >= call.log_after:
+                    wait = WaitLog(f"{_ranks_text(missing, self.endpoints)} in {call.what} (shared memory: {stage})",
+                                   limit=f"giving up after {call.timeout_ms} ms ({settings.RPC_TIMEOUT_MS_ENV} "
+                                   f"or timeout_ms=)", logger=log, first_s=call.log_after, started=call.started)
+                if wait is not None:
+                    wait.tick()
+            missing = [p for p in missing if ctl.get(p, which) != seq]
+
+    def _shm_foreign(self, call, desc):
+        """Raises the mismatch if a rank sent a ZeroMQ message of this call (it runs
+        another operation), after sending every rank this one's descriptor so a rank
+        waiting on ZeroMQ names it too."""
+        foreign = {p: queue[0] for p in self.peers if (queue := self._inbox.get((call.seq, p)))}
+        if not foreign:
+            return
+        for p in self.peers:
+            self._send(p, call.seq, "all_reduce", step=0, desc=desc)
+        seq = word(call.seq)
+        descs = {p: self._control.desc(p) if self._control.get(p, ARRIVED) == seq else None for p in self.peers}
+        descs.update({p: msg.header.get("d") for p, msg in foreign.items()})
+        descs[self.rank] = desc
+        self._raise_mismatch(call, descs)
+
+    def _shm_write(self, flat, slot, lo, hi):
+        """Copies ``flat`` but its part [lo, hi) (which this rank reduces from ``flat``)
+        into this rank's slot."""
+        dst = self._segment.view(flat.dtype, flat.size, self.rank * slot)
+        dst[:lo] = flat[:lo]
+        dst[hi:] = flat[hi:]
 
     def _replace_segment(self, segment):
         if self._segment is not None:
@@ -741,7 +853,12 @@ class WorkerGroup:
         mine = view(desc)
         if all(view(d) == mine for d in descs.values()):
             return
-        lines = "; ".join(f"rank {p}: {_describe(descs[p])}" for p in range(self.size))
+        self._raise_mismatch(call, descs)
+
+    def _raise_mismatch(self, call, descs):
+        """Raises the ConfigError naming every rank's operation (``descs``: rank -> its
+        descriptor, None when unknown)."""
+        lines = "; ".join(f"rank {p}: {_describe(descs.get(p))}" for p in range(self.size))
         raise ConfigError(f"{call.what}: the ranks do not agree ({lines}); every rank must call the same "
                           f"operations in the same order with the same op, dtype and shape (all_gather: the "
                           f"same dtype and dimensions after the first)")
@@ -942,6 +1059,9 @@ class WorkerGroup:
 
     def _join(self, timeout_ms):
         desc = {"size": self.size, "endpoints": self.endpoints, "host": self._host}
+        if self.rank == 0 and self._host is not None:  # the shared-memory all_reduce's, if every rank is here
+            self._control = ControlBlock.create(self.size)
+            desc["control"] = [*self._control.segment.key, self._control.segment.nbytes]
         for peer in self.peers:
             self._send(peer, 0, "hello", desc=desc)
         started = time.monotonic()
@@ -971,6 +1091,15 @@ class WorkerGroup:
                     f"{self.endpoints}; give every worker the same {ENDPOINTS_ENV}")
         self.shared_memory = self._host is not None and all(self._hello[p].get("host") == self._host
                                                             for p in self.peers)
+        if not self.shared_memory and self._control is not None:
+            self._control.close()
+            self._control = None
+        elif self.shared_memory and self.rank != 0:
+            control = self._hello[0].get("control")
+            if not (isinstance(control, list) and len(control) == 4 and all(isinstance(v, int) for v in control)):
+                raise TransportError(f"rank 0 of the worker group described its shared memory as {control!r}, not "
+                                     f"[pid, fd, key, bytes]; the ranks run different fleet versions")
+            self._control = ControlBlock.attach(control[:3], control[3], self.size)
 
     def _wait_goodbyes(self):
         started = time.monotonic()
@@ -1015,6 +1144,9 @@ class WorkerGroup:
         if self._segment is not None:
             self._segment.close()
             self._segment = None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
 
 
 class _Operation:

@@ -83,8 +83,9 @@ class SharedSegment:
         self._fd = fd  # the creator keeps the file open so the others can open it
 
     @classmethod
-    def create(cls, nbytes):
-        """Creates a segment of ``nbytes`` (rounded up to pages) in this process.
+    def create(cls, nbytes, name="fleet-group"):
+        """Creates a segment of ``nbytes`` (rounded up to pages) in this process;
+        ``name`` shows in /proc/<pid>/maps (as ``memfd:<name>``).
 
         Raises:
             TransportError: the system refused the memory (names the size and the fix).
@@ -92,7 +93,7 @@ class SharedSegment:
         nbytes = aligned(nbytes) + HEADER_BYTES
         fd = None
         try:
-            fd = os.memfd_create("fleet-group", os.MFD_CLOEXEC)
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
             os.ftruncate(fd, nbytes)
             mm = mmap.mmap(fd, nbytes)
         except OSError as e:

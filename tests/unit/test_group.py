@@ -239,15 +239,16 @@ def test_the_ring_path_with_many_chunks_per_segment_and_large_arrays(groups):
     assert [a - b for a, b in zip(after, before)] == [3] * 4  # direct: the array to each other rank
 
 
-def _memfd_maps():
+def _memfd_maps(name="fleet-group"):
     with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
-        return sum("memfd:fleet-group" in line for line in f)
+        return sum(f"memfd:{name} " in line for line in f)
 
 
 def test_shared_memory_all_reduce_equals_the_direct_exchange_bit_for_bit_and_grows_its_segment(group_of):
-    before_maps = _memfd_maps()
+    before_maps, before_controls = _memfd_maps(), _memfd_maps("fleet-group-control")
     ranks = group_of(3)
     assert ok(ranks.run(lambda g: g.shared_memory)) == [True] * 3  # threads of one process: one host
+    assert _memfd_maps("fleet-group-control") == before_controls + 3  # rank 0 made it when joining, 1 and 2 map it
     for i, (size, op) in enumerate(((40_000, "sum"), (300_003, "mean"), (100, "max"), (300_003, "sum"), (0, "min"))):
         parts = [data(r, "float32", (size,), size) for r in range(3)]
         set_path(ranks, "direct")
@@ -260,22 +261,19 @@ def test_shared_memory_all_reduce_equals_the_direct_exchange_bit_for_bit_and_gro
             assert results[r].tobytes() == direct[0].tobytes()  # rank order on every rank, as the direct exchange
             assert after[r]["shm_operations"] - before[r]["shm_operations"] == 1
             assert after[r]["bytes_sent"] == before[r]["bytes_sent"]  # no array goes over ZeroMQ
-        # messages: a descriptor and a "reduced" token to each other rank, and a "copied in"
-        # token more from ranks 1 and 2 when rank 0 made a larger segment (the first two sizes)
-        grew = i < 2
-        assert [a["messages_sent"] - b["messages_sent"] for a, b in zip(after, before)] == \
-            [4, 4 + 2 * grew, 4 + 2 * grew]
+            # the ranks wait on each other in the control block: no ZeroMQ message at all
+            assert after[r]["messages_sent"] == before[r]["messages_sent"]
     assert _memfd_maps() == before_maps + 3  # one mapping per rank (the grown segment; the first one is gone)
-    # a failed call (here: shapes that differ) makes every rank forget the segment, so none
-    # writes its slot of the next call before every rank has started it
+    # a failed call (here: shapes that differ) keeps the segment, but no rank writes its
+    # slot of the next call before every rank has arrived in it (tested below with a rank
+    # that fails alone)
     results = ranks.run(lambda g: g.all_reduce(np.zeros(100_000 + g.rank, np.float32), "sum"))
     assert all(isinstance(e, ConfigError) for e in results), results
-    assert _memfd_maps() == before_maps
     results = ok(ranks.run(lambda g: g.all_reduce(np.full(100_000, g.rank, np.int64), "sum")))
     np.testing.assert_array_equal(results[2], np.full(100_000, 3))
     assert _memfd_maps() == before_maps + 3
     ok(ranks.run(lambda g: g.close()))
-    assert _memfd_maps() == before_maps
+    assert (_memfd_maps(), _memfd_maps("fleet-group-control")) == (before_maps, before_controls)
 
 
 def test_shared_memory_adds_in_the_ring_order_from_ring_min_bytes_so_one_host_equals_several(group_of):
@@ -297,6 +295,73 @@ def test_shared_memory_adds_in_the_ring_order_from_ring_min_bytes_so_one_host_eq
         return [x.tobytes() for x in ok(ranks.run(run))]
     assert shm_with_ring_from(0) == zmq_bits["ring"]
     assert shm_with_ring_from(1 << 40) == zmq_bits["direct"]
+
+
+def test_a_shared_memory_all_reduce_a_rank_never_joins_times_out_naming_it_and_the_group_goes_on(group_of):
+    ranks = group_of(3)
+    set_path(ranks, "shm")
+    x = np.arange(1000, dtype=np.float64)
+    ok(ranks.run(lambda g: g.all_reduce(x, "sum")))
+    results = ranks.call(lambda rank, *_: ranks.groups[rank].all_reduce(x, "sum", timeout_ms=300) if rank != 2
+                         else None)
+    for r in (0, 1):
+        assert isinstance(results[r], FleetTimeoutError), results[r]
+        assert str(results[r]).startswith(f"rank 2 ({ranks.endpoints[2]}) did not answer rank {r} in all_reduce #2 "
+                                          f"(rank {r} of 3) (shared memory: arriving) within 300 ms")
+    # rank 2 comes late: ranks 0 and 1 gave up on that call, so it cannot take their
+    # earlier arrival for one in this call
+    error = ranks.call(lambda rank, *_: ranks.groups[rank].all_reduce(x, "sum", timeout_ms=300) if rank == 2
+                       else None)[2]
+    assert isinstance(error, FleetTimeoutError) and str(error).startswith(
+        f"ranks 0 ({ranks.endpoints[0]}), 1 ({ranks.endpoints[1]}) did not answer rank 2 in all_reduce #2"), error
+    results = ok(ranks.run(lambda g: g.all_reduce(x * (g.rank + 1), "sum")))
+    for r in range(3):
+        np.testing.assert_array_equal(results[r], x * 6)
+
+
+def test_a_rank_whose_call_failed_does_not_overwrite_its_slot_while_a_slower_rank_still_reduces(group_of):
+    # rank 0 gives up waiting for rank 2 (slow to reduce) and starts the next call at once
+    # with other data: it must not copy that into its slot before rank 2 has read the old
+    # one, or ranks 1 and 2 would get a wrong result of the first call
+    ranks = group_of(3)
+    set_path(ranks, "shm")
+    first = [data(r, "float32", (40_000,), 5) for r in range(3)]
+    second = [data(r, "float32", (40_000,), 6) for r in range(3)]
+    ok(ranks.run(lambda g: g.all_reduce(first[g.rank], "sum")))  # every rank's last call succeeded
+    slow = ranks.groups[2]
+    reduce_now = slow._shm_reduce
+
+    def reduce_late(*args):
+        threading.Event().wait(0.6)
+        return reduce_now(*args)
+    slow._shm_reduce = reduce_late
+
+    def two_calls(g):
+        try:
+            one = g.all_reduce(first[g.rank], "sum", timeout_ms=200 if g.rank == 0 else 10_000)
+        except FleetTimeoutError as e:
+            one = e
+        slow.__dict__.pop("_shm_reduce", None)
+        return one, g.all_reduce(second[g.rank], "sum")
+    results = ok(ranks.run(two_calls))
+    assert isinstance(results[0][0], FleetTimeoutError) and "(shared memory: reducing)" in str(results[0][0])
+    expected = functools.reduce(np.add, first)  # rank order: below ring_min_bytes
+    for r in (1, 2):
+        assert results[r][0].tobytes() == expected.tobytes()
+    for r in range(3):
+        assert results[r][1].tobytes() == functools.reduce(np.add, second).tobytes()
+
+
+def test_a_rank_in_another_operation_than_a_shared_memory_all_reduce_is_named_by_both(group_of):
+    ranks = group_of(2)
+    set_path(ranks, "shm")
+    results = ranks.run(lambda g: g.all_reduce(np.zeros(3), "max") if g.rank == 0 else g.barrier())
+    for error in results:
+        assert isinstance(error, ConfigError), error
+        assert "rank 0: all_reduce(op='max') of float64[3] (shm)" in str(error)
+        assert "rank 1: barrier" in str(error)
+    results = ok(ranks.run(lambda g: g.all_reduce(np.ones(3), "sum")))
+    np.testing.assert_array_equal(results[1], [2.0, 2.0, 2.0])
 
 
 def test_fleet_group_shm_0_takes_the_zeromq_path(group_of, endpoints, monkeypatch):
