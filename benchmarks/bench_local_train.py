@@ -13,7 +13,6 @@ import io
 import json
 import os
 import pstats
-import shutil
 import sys
 import tempfile
 import time
@@ -57,8 +56,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--profile", action="store_true")
     args = p.parse_args(argv)
-    tmp = tempfile.mkdtemp(prefix="fleet-bench-")
-    try:  # data (and models) of up to gigabytes: removed also on failure or Ctrl-C
+    # data (and models) of up to gigabytes: removed also on failure or Ctrl-C
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         lines = args.batches * args.batch_size
         generate_data.main(["--out_dir", tmp, "--train_lines", str(lines), "--test_lines", "1000",
                             "--train_files", str(max(args.threads, 2))])
@@ -93,12 +92,11 @@ def main(argv=None):
             stats = pstats.Stats(prof, stream=out).sort_stats("tottime")
             top = []
             total = sum(v[2] for v in stats.stats.values())
-            for (fname, line, func), (cc, nc, tt, ct, callers) in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:10]:
+            slowest = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:10]
+            for (fname, line, func), (cc, nc, tt, ct, callers) in slowest:
                 top.append({"function": f"{os.path.basename(fname)}:{line}:{func}", "seconds": round(tt, 3),
                             "share": round(tt / total, 3), "calls": nc})
             result["profile_one_thread"] = top
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(result))
 
 

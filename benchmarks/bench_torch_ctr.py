@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -184,8 +183,8 @@ def main(argv=None):
     except ImportError:
         print(json.dumps({"bench": "torch_ctr", "skipped": "torch is not installed (pip install torch)"}))
         return
-    tmp = tempfile.mkdtemp(prefix="fleet-bench-torch-")
-    try:  # data (and models) of up to gigabytes: removed also on failure or Ctrl-C
+    # data (and models) of up to gigabytes: removed also on failure or Ctrl-C
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-torch-") as tmp:
         generate_data.main(["--out_dir", tmp, "--train_lines", str(args.lines), "--test_lines", "50000"])
         train_files = sorted(os.path.join(tmp, "train", f) for f in os.listdir(os.path.join(tmp, "train")))
         test_files = sorted(os.path.join(tmp, "test", f) for f in os.listdir(os.path.join(tmp, "test")))
@@ -198,8 +197,6 @@ def main(argv=None):
         result["speed_vs_torch"] = round(result["fleet"]["examples_per_sec"] / result["torch"]["examples_per_sec"], 3)
         result["auc_minus_torch"] = round(result["fleet"]["test_auc"] - result["torch"]["test_auc"], 4)
         result["goal"] = "fleet examples/s >= torch; test AUC within 0.005 of torch at equal epochs"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(result))
 
 

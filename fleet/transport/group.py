@@ -623,9 +623,7 @@ class WorkerGroup:
             remaining = call.deadline - now
             if remaining <= 0:
                 missing = [p for p in (named or missing) if ctl.get(p, which) != seq]
-                raise FleetTimeoutError(self._timeout_text(f"{call.what} (shared memory: {stage})", missing,
-                                                           call.timeout_ms,
-                                                           f"{settings.RPC_TIMEOUT_MS_ENV} or timeout_ms="))
+                raise self._call_timeout(call, f"{call.what} (shared memory: {stage})", missing)
             if not ctl.wait(missing[0], which, seq, min(_POLL_MS / 1000.0, remaining)):
                 self._pump(0)
                 self._check_peers(call.what, missing)
@@ -633,12 +631,7 @@ class WorkerGroup:
                     self._alive_check()
                 if desc is not None:
                     self._shm_foreign(call, desc)
-                if wait is None and now - call.started >= call.log_after:
-                    wait = WaitLog(f"{_ranks_text(missing, self.endpoints)} in {call.what} (shared memory: {stage})",
-                                   limit=f"giving up after {call.timeout_ms} ms ({settings.RPC_TIMEOUT_MS_ENV} "
-                                   f"or timeout_ms=)", logger=log, first_s=call.log_after, started=call.started)
-                if wait is not None:
-                    wait.tick()
+                wait = self._call_wait_log(call, wait, now, missing, f"{call.what} (shared memory: {stage})")
             missing = [p for p in missing if ctl.get(p, which) != seq]
 
     def _shm_foreign(self, call, desc):
@@ -808,14 +801,8 @@ class WorkerGroup:
             now = time.monotonic()
             remaining = call.deadline - now
             if remaining <= 0:
-                raise FleetTimeoutError(self._timeout_text(call.what, sources, call.timeout_ms,
-                                                           f"{settings.RPC_TIMEOUT_MS_ENV} or timeout_ms="))
-            if wait is None and now - call.started >= call.log_after:
-                wait = WaitLog(f"{_ranks_text(sorted(sources), self.endpoints)} in {call.what}",
-                               limit=f"giving up after {call.timeout_ms} ms ({settings.RPC_TIMEOUT_MS_ENV} "
-                               f"or timeout_ms=)", logger=log, first_s=call.log_after, started=call.started)
-            if wait is not None:
-                wait.tick()
+                raise self._call_timeout(call, call.what, sources)
+            wait = self._call_wait_log(call, wait, now, sorted(sources), call.what)
             slice_ms = min(_POLL_MS, max(1, math.ceil(remaining * 1000)))
             self._pump(slice_ms)
 
@@ -872,8 +859,7 @@ class WorkerGroup:
             remaining = call.deadline - time.monotonic()
             if remaining <= 0:
                 right = (self.rank + 1) % self.size
-                raise FleetTimeoutError(self._timeout_text(f"{call.what} (sending)", {right}, call.timeout_ms,
-                                                           f"{settings.RPC_TIMEOUT_MS_ENV} or timeout_ms="))
+                raise self._call_timeout(call, f"{call.what} (sending)", {right})
             try:  # wakes as soon as ZeroMQ releases the memory, not at the next poll tick
                 pending[0].wait(min(remaining, _POLL_MS / 1000.0))
             except zmq.NotDone:
@@ -983,6 +969,24 @@ class WorkerGroup:
     def _fresh_lost(self):
         cls, args = self._lost.__reduce__()[:2]
         return cls(*args)
+
+    def _call_timeout(self, call, what, ranks):
+        """The FleetTimeoutError of an operation whose ``ranks`` did not answer in ``what``
+        within its timeout."""
+        return FleetTimeoutError(self._timeout_text(what, ranks, call.timeout_ms,
+                                                    f"{settings.RPC_TIMEOUT_MS_ENV} or timeout_ms="))
+
+    def _call_wait_log(self, call, wait, now, ranks, what):
+        """An operation's wait for ``ranks`` in ``what``: its WaitLog (``wait``, None until
+        the operation has waited ``call.log_after`` seconds), made when due and ticked.
+        Returns it."""
+        if wait is None and now - call.started >= call.log_after:
+            wait = WaitLog(f"{_ranks_text(ranks, self.endpoints)} in {what}",
+                           limit=f"giving up after {call.timeout_ms} ms ({settings.RPC_TIMEOUT_MS_ENV} or timeout_ms=)",
+                           logger=log, first_s=call.log_after, started=call.started)
+        if wait is not None:
+            wait.tick()
+        return wait
 
     def _timeout_text(self, what, ranks, timeout_ms, setting):
         ranks = sorted(ranks)
