@@ -46,10 +46,15 @@ rank r reduces part r of every slot into the result area, in the order of the Ze
 path the group would otherwise take (the ring's, from rank r round, for
 ``ring_min_bytes`` and more; else rank order, as the direct exchange), so a result has
 the same bits whether the ranks share a host or not, and stores "reduced"; each copies
-the result out. The ranks wait on each other's words with futexes, in slices between
-which they check liveness, so timeouts (naming the ranks that did not arrive),
-mismatch detection and ``PeerLostError`` work as on the other paths; no ZeroMQ message
-is sent. ``all_gather`` and ``broadcast`` stay on ZeroMQ.
+the result out. Arrays of ``shm_pipeline_min_bytes`` (SHM_PIPELINE_MIN_BYTES, 16 MiB)
+or more go the same way in rounds of ``shm_round_bytes`` (SHM_ROUND_BYTES, 1 MiB: a
+piece of every part) through a few staging buffers per rank that stay in the
+processor's caches, each rank copying the next round in while it reduces this one and
+copies the last one out (same order of additions, same bits). The ranks wait on each
+other's words with futexes, in slices between which they check liveness, so timeouts
+(naming the ranks that did not arrive, and the stage), mismatch detection and
+``PeerLostError`` work as on the other paths; no ZeroMQ message is sent.
+``all_gather`` and ``broadcast`` stay on ZeroMQ.
 
 CURVE: with keys (``CurveConfig``), each ROUTER is a CURVE server and each DEALER a CURVE
 client, both with the job's *client* key pair (the one every worker holds); the ROUTER
@@ -87,7 +92,8 @@ from fleet.logs import WaitLog, wait_log_ms
 from fleet.transport import message, settings
 from fleet.transport.curve import KEYS_DIR_ENV, CurveConfig, check_curve_available
 from fleet.transport import shared_control
-from fleet.transport.shared_control import ARRIVED, REDUCED, WRITTEN, WROTE, ControlBlock, encode_desc, word
+from fleet.transport.shared_control import (ARRIVED, PIECES_CALL, PIECES_COPIED, PIECES_REDUCED, PIECES_WRITTEN,
+                                            REDUCED, WRITTEN, WROTE, ControlBlock, encode_desc, word)
 from fleet.transport.shared_segment import SharedSegment, aligned, host_identity, shm_enabled
 
 log = logging.getLogger("fleet.transport")
@@ -124,6 +130,20 @@ other in the control block, shared memory was faster at every size of
 benchmarks/bench_collective.py's sweep (1 KiB: 28 vs 130 us over 2 processes, 112 vs
 622 us over 4; 256 KiB: 40 vs 265, 158 vs 982; one run on 2 cores): a lower value is
 the next step, once the jobs that all-reduce small arrays have been measured with it."""
+SHM_PIPELINE_MIN_BYTES = 16 << 20
+"""Arrays of at least this many bytes go through shared memory in rounds of
+``shm_round_bytes`` (SHM_ROUND_BYTES) through a small staging area that stays in the
+processor's caches, instead of whole (``_shm_pipelined_all_reduce``). 4 processes on 2
+cores, 64 MiB, median ms per all_reduce in two interleaved runs: 27.8 and 33.1 whole,
+18.5 and 18.2 in rounds (2 processes: 12.6 and 13.2 whole, 7.4 and 7.5 in rounds); at
+16 MiB 5.6 and 7.2 whole, 5.7 and 4.8 in rounds (2 processes 2.5 and 2.6, 1.6 and 1.7);
+at 4 MiB neither was faster in every run."""
+SHM_ROUND_BYTES = 1 << 20
+"""The bytes of one round of the pipelined shared-memory all_reduce: a piece of every
+rank's part, each ``shm_round_bytes / N``. 64 MiB over 4 processes on 2 cores, median ms
+in two runs: pieces of 128 KiB 20.1 and 19.8, 256 KiB (1 MiB rounds) 18.0 and 18.0, 512
+KiB 19.7 and 21.3, 1 MiB 25.4 and 25.5; over 2 processes pieces of 256 KiB 8.2 and 8.2,
+512 KiB (1 MiB rounds) 7.4 and 7.5."""
 REDUCE_OPS = ("sum", "mean", "max", "min")
 REDUCE_DTYPES = ("float32", "float64", "int32", "int64")
 ENDPOINTS_ENV = "PADDLE_TRAINER_ENDPOINTS"
@@ -145,6 +165,7 @@ only / 50 us / 200 us of polling: 1 MiB 415, 312, 316 / 319, 253, 255 / 324, 251
 4 MiB 1304, 1134, 1163 / 1276, 1173, 1121 / 1079, 1087, 1131 (the same CPU time): a
 waker's FUTEX_WAKE of a sleeping rank costs a few tens of microseconds here, while
 polling longer only burns time a rank with work could use."""
+_PIPELINE_BUFFERS = 4  # staging buffers per rank in the pipelined path: rounds k-1..k+1 in use, one spare
 _REDUCE_CHUNK_BYTES = 256 << 10  # the shared-memory reduction's unit: its running value stays in the L2 cache
 _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 _MONITOR_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -174,12 +195,13 @@ class WorkerGroup:
 
     Attributes:
         rank, size, endpoints: this rank, the number of ranks, every rank's endpoint.
-        ring_min_bytes, chunk_bytes, shm_min_bytes: the algorithm settings (RING_MIN_BYTES,
-            or TWO_RANK_RING_MIN_BYTES in a group of 2; CHUNK_BYTES; SHM_MIN_BYTES); every
+        ring_min_bytes, chunk_bytes, shm_min_bytes, shm_pipeline_min_bytes, shm_round_bytes:
+            the algorithm settings (RING_MIN_BYTES, or TWO_RANK_RING_MIN_BYTES in a group of
+            2; CHUNK_BYTES; SHM_MIN_BYTES; SHM_PIPELINE_MIN_BYTES; SHM_ROUND_BYTES); every
             rank must use the same values.
         shared_memory: True when every rank runs on this host (x86-64 Linux) and allows shared memory
             (FLEET_GROUP_SHM is not 0 on any): all_reduce then goes through shared memory
-            from ``shm_min_bytes`` on.
+            from ``shm_min_bytes`` on, in rounds from ``shm_pipeline_min_bytes`` on.
 
     Raises:
         ConfigError: a bad endpoint list, rank, timeout or CURVE configuration, or ranks
@@ -206,6 +228,8 @@ class WorkerGroup:
         self.ring_min_bytes = RING_MIN_BYTES if self.size > 2 else TWO_RANK_RING_MIN_BYTES
         self.chunk_bytes = CHUNK_BYTES
         self.shm_min_bytes = SHM_MIN_BYTES
+        self.shm_pipeline_min_bytes = SHM_PIPELINE_MIN_BYTES
+        self.shm_round_bytes = SHM_ROUND_BYTES
         # None: this rank shares no memory
         self._host = host_identity() if shm_enabled() and shared_control.supported() else None
         self.shared_memory = False  # every rank on this host, each allowing it: set once joined
@@ -291,7 +315,9 @@ class WorkerGroup:
         with self._operation("all_reduce", timeout_ms) as call:
             if self.size == 1:
                 return flat.copy().reshape(shape)
-            if self.shared_memory and flat.nbytes >= self.shm_min_bytes:
+            if self.shared_memory and flat.nbytes >= max(self.shm_min_bytes, self.shm_pipeline_min_bytes):
+                algo, run = "shm pipelined", self._shm_pipelined_all_reduce
+            elif self.shared_memory and flat.nbytes >= self.shm_min_bytes:
                 algo, run = "shm", self._shm_all_reduce
             elif flat.nbytes >= self.ring_min_bytes:
                 algo, run = "ring", self._ring_all_reduce
@@ -539,10 +565,7 @@ class WorkerGroup:
         slot = aligned(flat.nbytes)
         need = (n + 1) * slot
         lo, hi = flat.size * r // n, flat.size * (r + 1) // n  # part r: reduced here, so not copied in
-        if r == 0 and (self._segment is None or self._segment.nbytes < need):
-            self._replace_segment(SharedSegment.create(need))
-            self._segment_gen = seq  # never 0, the generation before any data segment
-            ctl.publish_data(self._segment.key, self._segment.nbytes, self._segment_gen)
+        self._shm_grow(need, seq)
         wrote = 0
         if (clean and self._segment is not None and self._segment.nbytes >= need
                 and self._segment_gen == ctl.generation()):
@@ -555,14 +578,7 @@ class WorkerGroup:
         self._shm_wait(call, ARRIVED, self.peers, "arriving", desc)
         if any(ctl.desc_bytes(p) != mine for p in self.peers):
             self._raise_mismatch(call, {**{p: ctl.desc(p) for p in self.peers}, r: desc})
-        gen, key, nbytes = ctl.data()
-        if gen != self._segment_gen:
-            self._replace_segment(None)
-            self._replace_segment(SharedSegment.attach(key, nbytes))
-            self._segment_gen = gen
-        if self._segment.nbytes < need:
-            raise TransportError(f"{call.what}: rank 0 published {self._segment.nbytes} bytes of shared memory for "
-                                 f"an all_reduce that needs {need}; the ranks run different fleet versions")
+        gen = self._shm_attach(call, need)
         late = [p for p in range(n) if ctl.get(p, WROTE) != gen]
         if r in late:
             self._shm_write(flat, slot, lo, hi)
@@ -578,6 +594,140 @@ class WorkerGroup:
             self._shm_wait(call, REDUCED, [p], "reducing", named=self.peers)
             a, b = flat.size * p // n, flat.size * (p + 1) // n
             out[a:b] = result[a:b]
+        self._counters["shm_operations"] += 1
+        return out
+
+    def _shm_grow(self, need, seq):
+        """Rank 0, before it arrives: makes and publishes a data segment of at least
+        ``need`` bytes if the current one is smaller (or there is none)."""
+        if self.rank == 0 and (self._segment is None or self._segment.nbytes < need):
+            self._replace_segment(SharedSegment.create(need))
+            self._segment_gen = seq  # never 0, the generation before any data segment
+            self._control.publish_data(self._segment.key, self._segment.nbytes, self._segment_gen)
+
+    def _shm_attach(self, call, need):
+        """Once every rank has arrived: maps the data segment rank 0 published if it is
+        not this rank's; returns its generation."""
+        gen, key, nbytes = self._control.data()
+        if gen != self._segment_gen:
+            self._replace_segment(None)
+            self._replace_segment(SharedSegment.attach(key, nbytes))
+            self._segment_gen = gen
+        if self._segment.nbytes < need:
+            raise TransportError(f"{call.what}: rank 0 published {self._segment.nbytes} bytes of shared memory for "
+                                 f"an all_reduce that needs {need}; the ranks run different fleet versions")
+        return gen
+
+    def _shm_pipelined_all_reduce(self, call, flat, op, desc):
+        """A large array through shared memory in pieces, so what the ranks copy and
+        reduce stays in the processor's caches instead of going through RAM three times.
+
+        Part p of the array (the ring's segment p, as in ``_shm_all_reduce``) is cut into
+        pieces of ``shm_round_bytes / N``; round k handles piece k of every part. In round k
+        each rank copies piece k of every part but its own into staging buffer k % B
+        (``_PIPELINE_BUFFERS``) of its staging area and counts it (PIECES_WRITTEN);
+        rank r reduces piece k of part r from every rank's buffer (its own from its
+        array), in the order of ``_shm_reduce`` (the same bits as the other paths), into
+        its result and into result buffer k % B, and counts it (PIECES_REDUCED); every
+        rank copies piece k of the other parts out of the result buffer and counts it
+        (PIECES_COPIED). A rank copies round k + 1 in, reduces round k and copies round
+        k - 1 out in turn, so the ranks overlap and each waits only on rounds the others
+        reached before.
+
+        Why no rank overwrites memory another still reads, or takes a count for another
+        call's:
+        - nothing is written before every rank has arrived at this call, hence left every
+          earlier one (a rank whose earlier call failed included: it writes nothing more
+          in that call); only then does a rank set its counts to 0 and PIECES_CALL to this
+          call (in that order), and a rank counts another's pieces only while its
+          PIECES_CALL is this call. (Before arriving would be too early: a rank that left
+          the last call may not touch the counts a slower rank still waits on there.)
+        - staging buffer b is rewritten for round k (k >= B) only once every rank has
+          reduced round k - B (PIECES_REDUCED >= k - B + 1), the last round that read it;
+        - result buffer b is rewritten for round k only once every rank has copied round
+          k - B out (PIECES_COPIED >= k - B + 1);
+        - a rank leaves the call without waiting for the others to copy the last rounds
+          out, so its next shared-memory call (pipelined or not) writes only once every
+          rank has arrived there (``_shm_clean`` stays False).
+
+        Data segment: staging area 0, ..., staging area N-1, result area, each
+        B * N * piece bytes (page-aligned)."""
+        self._shm_clean = False  # a later call's early copy-in could hit a result buffer still being read
+        n, r, ctl, seq = self.size, self.rank, self._control, word(call.seq)
+        item = flat.itemsize
+        q = max(1, self.shm_round_bytes // (n * item))  # elements of one piece
+        bounds = [flat.size * p // n for p in range(n + 1)]
+        rounds = max(1, -(-max(bounds[p + 1] - bounds[p] for p in range(n)) // q))
+        buffers = _PIPELINE_BUFFERS
+        area = aligned(buffers * n * q * item)
+        need = (n + 1) * area
+        self._shm_grow(need, seq)
+        mine = encode_desc(desc)
+        ctl.put_desc(r, mine)
+        ctl.put(r, WROTE, 0)
+        ctl.post(r, ARRIVED, seq)
+        self._shm_wait(call, ARRIVED, self.peers, "arriving", desc)
+        if any(ctl.desc_bytes(p) != mine for p in self.peers):
+            self._raise_mismatch(call, {**{p: ctl.desc(p) for p in self.peers}, r: desc})
+        self._shm_attach(call, need)
+        for which in (PIECES_WRITTEN, PIECES_REDUCED, PIECES_COPIED):
+            ctl.post(r, which, 0)
+        ctl.post(r, PIECES_CALL, seq)
+        staging = [self._segment.view(flat.dtype, buffers * n * q, p * area) for p in range(n)]
+        results = self._segment.view(flat.dtype, buffers * n * q, n * area)
+        out = self._result_buffer(flat)
+        order = [(r + j) % n for j in range(n)] if flat.nbytes >= self.ring_min_bytes else list(range(n))
+        ufunc = _UFUNCS[op]
+        peers = self.peers
+
+        def piece(p, k):  # piece k of part p: its bounds in the array and where it sits in a buffer
+            a = min(bounds[p] + k * q, bounds[p + 1])
+            return a, min(a + q, bounds[p + 1]), (k % buffers * n + p) * q
+
+        def copy_in(k):
+            if k >= buffers:
+                self._shm_wait(call, PIECES_REDUCED, peers, f"reducing piece {k - buffers + 1} of {rounds}",
+                               least=k - buffers + 1)
+            own = staging[r]
+            for p in range(n):
+                a, b, at = piece(p, k)
+                if p != r and b > a:
+                    own[at:at + b - a] = flat[a:b]
+            ctl.post(r, PIECES_WRITTEN, k + 1)
+
+        def reduce(k):
+            self._shm_wait(call, PIECES_WRITTEN, peers, f"copying in piece {k + 1} of {rounds}", least=k + 1)
+            if k >= buffers:
+                self._shm_wait(call, PIECES_COPIED, peers, f"copying out piece {k - buffers + 1} of {rounds}",
+                               least=k - buffers + 1)
+            a, b, at = piece(r, k)
+            if b > a:
+                parts = [flat[a:b] if p == r else staging[p][at:at + b - a] for p in range(n)]
+                dst = results[at:at + b - a]
+                ufunc(parts[order[0]], parts[order[1]], out=dst)
+                for p in order[2:]:
+                    ufunc(dst, parts[p], out=dst)
+                if op == "mean":
+                    np.divide(dst, n, out=dst)
+                out[a:b] = dst
+            ctl.post(r, PIECES_REDUCED, k + 1)
+
+        def copy_out(k):
+            self._shm_wait(call, PIECES_REDUCED, peers, f"reducing piece {k + 1} of {rounds}", least=k + 1)
+            for p in range(n):
+                a, b, at = piece(p, k)
+                if p != r and b > a:
+                    out[a:b] = results[at:at + b - a]
+            ctl.post(r, PIECES_COPIED, k + 1)
+
+        copy_in(0)
+        for k in range(rounds):
+            if k + 1 < rounds:
+                copy_in(k + 1)
+            reduce(k)
+            if k:
+                copy_out(k - 1)
+        copy_out(rounds - 1)
         self._counters["shm_operations"] += 1
         return out
 
@@ -605,26 +755,45 @@ class WorkerGroup:
                 np.divide(dst, n, out=dst)
             out[lo + a:lo + a + dst.size] = dst
 
-    def _shm_wait(self, call, which, ranks, stage, desc=None, named=None):
-        """Waits until word ``which`` of every rank in ``ranks`` holds this call's number;
-        a timeout names those of ``named`` (default: ``ranks``) whose word does not.
+    def _shm_wait(self, call, which, ranks, stage, desc=None, named=None, least=None):
+        """Waits until word ``which`` of every rank in ``ranks`` holds this call's number
+        (given ``least``: a count of this call's pieces of at least ``least``); a timeout
+        names those of ``named`` (default: ``ranks``) that are behind.
         Between futex slices: liveness (PeerLostError), ``alive_check``, the wait log, and
         (given this rank's ``desc``) a ZeroMQ message of this call from a rank, which
         runs another operation: both sides then name the mismatch."""
         ctl, seq = self._control, word(call.seq)
-        missing = [p for p in ranks if ctl.get(p, which) != seq]
+        if least is None:
+            def behind(group):
+                return [p for p in group if ctl.get(p, which) != seq]
+
+            def sleep(p, seconds):
+                return ctl.wait(p, which, seq, seconds)
+        else:
+            def behind(group):
+                return [p for p in group if ctl.get(p, PIECES_CALL) != seq or ctl.get(p, which) < least]
+
+            def sleep(p, seconds):  # on the word that must change next
+                if (at := ctl.get(p, PIECES_CALL)) != seq:
+                    ctl.sleep(p, PIECES_CALL, at, seconds)
+                elif (count := ctl.get(p, which)) < least:
+                    ctl.sleep(p, which, count, seconds)
+                return not behind([p])
+        missing = behind(ranks)
+        if not missing:
+            return
         spin_end = time.monotonic() + _SHM_SPIN_S
         while missing and time.monotonic() < spin_end:  # yields the core: a rank with work gets it
             os.sched_yield()
-            missing = [p for p in missing if ctl.get(p, which) != seq]
+            missing = behind(missing)
         wait = None
         while missing:
             now = time.monotonic()
             remaining = call.deadline - now
             if remaining <= 0:
-                missing = [p for p in (named or missing) if ctl.get(p, which) != seq]
+                missing = behind(named or missing)
                 raise self._call_timeout(call, f"{call.what} (shared memory: {stage})", missing)
-            if not ctl.wait(missing[0], which, seq, min(_POLL_MS / 1000.0, remaining)):
+            if not sleep(missing[0], min(_POLL_MS / 1000.0, remaining)):
                 self._pump(0)
                 self._check_peers(call.what, missing)
                 if self._alive_check is not None:
@@ -632,7 +801,7 @@ class WorkerGroup:
                 if desc is not None:
                     self._shm_foreign(call, desc)
                 wait = self._call_wait_log(call, wait, now, missing, f"{call.what} (shared memory: {stage})")
-            missing = [p for p in missing if ctl.get(p, which) != seq]
+            missing = behind(missing)
 
     def _shm_foreign(self, call, desc):
         """Raises the mismatch if a rank sent a ZeroMQ message of this call (it runs

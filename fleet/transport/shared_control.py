@@ -8,7 +8,10 @@ rank 0 made the current data segment, then that segment's key and size), then on
 ``RECORD``-byte record per rank: 16 little 32-bit words (``ARRIVED``, ``WRITTEN``,
 ``REDUCED``: the number of the last operation in which the rank reached that point;
 ``WROTE``: the generation of the data segment the rank copied its array into before it
-arrived, 0 for none; ``DESC_LEN``), then the rank's descriptor of its current call (JSON).
+arrived, 0 for none; ``DESC_LEN``; for a large array's pipelined all_reduce
+``PIECES_WRITTEN``, ``PIECES_REDUCED``, ``PIECES_COPIED``: how many pieces the rank has
+copied in, reduced and copied out in operation ``PIECES_CALL``, which it stores after
+setting them to 0), then the rank's descriptor of its current call (JSON).
 
 A word is set by one rank only (its own record; the data area by rank 0) and read by the
 others, so plain aligned stores and loads suffice where the processor keeps stores in
@@ -28,7 +31,7 @@ import numpy as np
 
 from fleet.transport.shared_segment import SharedSegment
 
-ARRIVED, WRITTEN, REDUCED, WROTE, DESC_LEN = range(5)
+ARRIVED, WRITTEN, REDUCED, WROTE, DESC_LEN, PIECES_WRITTEN, PIECES_REDUCED, PIECES_COPIED, PIECES_CALL = range(9)
 RECORD = 2048  # 64 bytes of words, then the descriptor (a shape of 64 dimensions fits)
 DATA = 64  # the data area's bytes, before the records
 _WORDS = 16
@@ -136,11 +139,17 @@ class ControlBlock:
         seen = int(self._u32[index])
         if seen == value:
             return True
+        self.sleep(rank, which, seen, timeout_s)
+        return int(self._u32[index]) == value
+
+    def sleep(self, rank, which, seen, timeout_s):
+        """Sleeps while word ``which`` of ``rank`` holds ``seen``, until a wake-up of that
+        word, a signal or ``timeout_s``; returns at once if it no longer holds ``seen``
+        (so no wake-up is lost)."""
         seconds = max(0.0, timeout_s)
         spec = _Timespec(int(seconds), int((seconds - int(seconds)) * 1e9))
-        # returns at once (EAGAIN) if the word no longer holds `seen`: no wake-up is lost
-        _futex()(_SYS_FUTEX, self._base + 4 * index, _FUTEX_WAIT, seen, ctypes.byref(spec), None, 0)
-        return int(self._u32[index]) == value
+        index = self._index(rank, which)
+        _futex()(_SYS_FUTEX, self._base + 4 * index, _FUTEX_WAIT, seen & _MASK, ctypes.byref(spec), None, 0)
 
     # ------------------------------------------------------------------ descriptors
 

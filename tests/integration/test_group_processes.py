@@ -1,7 +1,8 @@
 """The worker group with one process per rank (tests/integration/scripts/group_worker.py):
 the collectives equal numpy over 2 and 5 processes, bit-identical on every rank, with the
-ranks' shared memory (one host) and with FLEET_GROUP_SHM=0 (ZeroMQ only); a rank killed
-with SIGKILL, or stopped with SIGSTOP, in the middle of a shared-memory all_reduce is
+ranks' shared memory (one host; whole and in rounds) and with FLEET_GROUP_SHM=0 (ZeroMQ
+only); a rank killed with SIGKILL, or stopped with SIGSTOP, in the middle of a
+shared-memory all_reduce (whole or in rounds) is
 named by every other rank within the heartbeat bound, and leaves nothing in /dev/shm; a
 process without the job's CURVE keys cannot join (the others time out naming it).
 """
@@ -71,8 +72,10 @@ def test_collectives_over_processes_equal_numpy_and_agree_bit_for_bit(procs, cle
     for r in range(n):
         np.testing.assert_array_equal(got[f"gather_{r}"], parts[r]["ragged"])
     np.testing.assert_array_equal(got["objects"], np.arange(n))
-    # the three large all_reduce calls go through shared memory unless FLEET_GROUP_SHM=0
-    assert [int(results[r]["shm_operations"]) for r in range(n)] == [3 if shm == "1" else 0] * n
+    # in rounds or whole, the same bits (and without shared memory, the ring's)
+    assert got["sum_ring_f32_in_rounds"].tobytes() == got["sum_ring_f32"].tobytes()
+    # the four large all_reduce calls go through shared memory unless FLEET_GROUP_SHM=0
+    assert [int(results[r]["shm_operations"]) for r in range(n)] == [4 if shm == "1" else 0] * n
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
@@ -82,7 +85,7 @@ def test_a_rank_that_dies_or_hangs_mid_operation_is_named_by_every_other(procs, 
     endpoints, ranks = start_ranks(procs, clean_env, free_ports, tmp_path, 3, "loop")
     wait_for(lambda: all((tmp_path / f"rank{r}.ready").exists() for r in range(3)), BOUND_S,
              "every rank to finish its first all_reduce")
-    assert [(tmp_path / f"rank{r}.ready").read_text() for r in range(3)] == ["1"] * 3  # through shared memory
+    assert [(tmp_path / f"rank{r}.ready").read_text() for r in range(3)] == ["2"] * 3  # through shared memory
     os.kill(ranks[2].pid, how)
     try:
         for rank in (0, 1):

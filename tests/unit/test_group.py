@@ -1,8 +1,8 @@
 """The worker group with every rank a thread of this process (its own sockets, its own
 ZeroMQ context): all_reduce / all_gather / broadcast equal numpy on random shapes, dtypes
 and group sizes 2..5, on the direct, the ring (with tiny chunks, so segments of several
-chunks and empty segments happen) and the shared-memory path (the threads are ranks on
-one host); results bit-identical on every rank; FLEET_GROUP_SHM=0 keeps ZeroMQ;
+chunks and empty segments happen) and the shared-memory paths, whole and in rounds (the
+threads are ranks on one host); results bit-identical on every rank; FLEET_GROUP_SHM=0 keeps ZeroMQ;
 mismatches named by every rank; a rank that never joins, stops answering, vanishes
 without a goodbye or closes early is named; CURVE keys let the job's workers in and
 keep a worker without them out.
@@ -11,6 +11,7 @@ import concurrent.futures
 import functools
 import logging
 import queue
+import re
 import threading
 
 import numpy as np
@@ -23,7 +24,7 @@ from fleet.transport.curve import CurveConfig, generate_keys
 from fleet.transport.group import WorkerGroup, group_from_env
 
 DTYPES = ("float32", "float64", "int32", "int64")
-PATHS = ("direct", "ring", "shm")
+PATHS = ("direct", "ring", "shm", "shm pipelined")
 LIMIT_S = 30  # a test's own bound on one operation of every rank
 
 
@@ -137,15 +138,19 @@ def free_ports_module():
     return pick_free_ports
 
 
-def set_path(ranks, path, chunk_bytes=64):
+def set_path(ranks, path, chunk_bytes=64, round_bytes=24):
     """Every rank takes ``path`` at every size: "direct", "ring" (all_reduce, all_gather,
-    broadcast) or "shm" (all_reduce through shared memory; the others go directly)."""
+    broadcast), "shm" (all_reduce through shared memory; the others go directly) or "shm
+    pipelined" (the same in rounds of ``round_bytes``: tiny, so a call has many rounds
+    and reuses every staging buffer)."""
     assert path in PATHS, path
 
     def apply(g):
         assert g.shared_memory  # every rank is a thread of this process: one host
         g.ring_min_bytes = 0 if path == "ring" else 1 << 40
-        g.shm_min_bytes = 0 if path == "shm" else 1 << 40
+        g.shm_min_bytes = 0 if path.startswith("shm") else 1 << 40
+        g.shm_pipeline_min_bytes = 0 if path == "shm pipelined" else 1 << 40
+        g.shm_round_bytes = round_bytes
         g.chunk_bytes = chunk_bytes
     ok(ranks.run(apply))
 
@@ -288,13 +293,15 @@ def test_shared_memory_adds_in_the_ring_order_from_ring_min_bytes_so_one_host_eq
         zmq_bits[path] = [x.tobytes() for x in ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "mean")))]
     assert zmq_bits["direct"][0] != zmq_bits["ring"][0]  # the two orders differ in the last bits here
 
-    def shm_with_ring_from(ring_min):
+    def shm_with_ring_from(ring_min, pipeline_min):
         def run(g):
-            g.shm_min_bytes, g.ring_min_bytes = 0, ring_min
+            g.shm_min_bytes, g.ring_min_bytes, g.shm_pipeline_min_bytes = 0, ring_min, pipeline_min
+            g.shm_round_bytes = 3000  # 250 floats of each of the 3 parts per round: 41 rounds
             return g.all_reduce(parts[g.rank], "mean")
         return [x.tobytes() for x in ok(ranks.run(run))]
-    assert shm_with_ring_from(0) == zmq_bits["ring"]
-    assert shm_with_ring_from(1 << 40) == zmq_bits["direct"]
+    for pipeline_min in (1 << 40, 0):  # whole, in rounds
+        assert shm_with_ring_from(0, pipeline_min) == zmq_bits["ring"]
+        assert shm_with_ring_from(1 << 40, pipeline_min) == zmq_bits["direct"]
 
 
 def test_a_shared_memory_all_reduce_a_rank_never_joins_times_out_naming_it_and_the_group_goes_on(group_of):
@@ -350,6 +357,57 @@ def test_a_rank_whose_call_failed_does_not_overwrite_its_slot_while_a_slower_ran
         assert results[r][0].tobytes() == expected.tobytes()
     for r in range(3):
         assert results[r][1].tobytes() == functools.reduce(np.add, second).tobytes()
+
+
+def _stall(group, stage_start, seconds, least=None):
+    """Makes ``group`` sleep ``seconds`` before its shared-memory waits whose stage starts
+    with ``stage_start`` (and, given ``least``, that wait for that count)."""
+    wait_now = group._shm_wait
+
+    def wait_late(call, which, ranks, stage, *args, **kw):
+        if stage.startswith(stage_start) and (least is None or kw.get("least") == least):
+            threading.Event().wait(seconds)
+        return wait_now(call, which, ranks, stage, *args, **kw)
+    group._shm_wait = wait_late
+
+
+def test_pipelined_calls_in_a_row_with_a_rank_late_to_its_last_round(group_of):
+    # a rank that finished a call must not touch the counts a slower rank still waits on
+    # there: ranks 0 and 1 leave each call while rank 2 still waits for the last round's
+    # reductions, and start the next one
+    ranks = group_of(3)
+    set_path(ranks, "shm pipelined", round_bytes=3 * 400)  # 100 floats of each part per round
+    parts = [data(r, "float32", (3_000,), 9) for r in range(3)]
+    expected = functools.reduce(np.add, parts)  # rank order: below ring_min_bytes
+    _stall(ranks.groups[2], "reducing piece 10 of 10", 0.2, least=10)
+    results = ok(ranks.run(lambda g: [g.all_reduce(parts[g.rank], "sum") for _ in range(3)]))
+    for outs in results:
+        assert [out.tobytes() for out in outs] == [expected.tobytes()] * 3
+    assert [s["shm_operations"] for s in ok(ranks.run(lambda g: g.stats()))] == [3, 3, 3]
+
+
+def test_a_rank_that_stops_in_a_pipelined_call_is_named_with_its_round_and_the_next_call_is_right(group_of):
+    ranks = group_of(3)
+    set_path(ranks, "shm pipelined", round_bytes=3 * 400)
+    parts = [data(r, "float32", (3_000,), 3) for r in range(3)]
+    second = [data(r, "float32", (3_000,), 4) for r in range(3)]
+    ok(ranks.run(lambda g: g.all_reduce(parts[g.rank], "sum")))
+    _stall(ranks.groups[2], "copying in piece 4 of 10", 1.0)  # rank 2 reduces rounds 1-3, then gives up
+    results = ranks.run(lambda g: g.all_reduce(parts[g.rank], "sum", timeout_ms=400 if g.rank == 2 else 700))
+    for r, error in enumerate(results):
+        assert isinstance(error, FleetTimeoutError), error
+    # rank 2 goes on past its deadline while what it waits for is there, up to the rounds
+    # ranks 0 and 1 never copied in (they gave up)
+    assert re.match(rf"ranks 0 \({ranks.endpoints[0]}\), 1 \({ranks.endpoints[1]}\) did not answer rank 2 in "
+                    rf"all_reduce #2 \(rank 2 of 3\) \(shared memory: copying in piece ([5-9]|10) of 10\) within 400 ms",
+                    str(results[2])), results[2]
+    for r in (0, 1):  # they wait for rank 2's reduction of round 4, whose part only rank 2 reduces
+        assert str(results[r]).startswith(f"rank 2 ({ranks.endpoints[2]}) did not answer rank {r} in all_reduce #2 "
+                                          f"(rank {r} of 3) (shared memory: reducing piece 4 of 10)"), results[r]
+    ranks.groups[2].__dict__.pop("_shm_wait")
+    results = ok(ranks.run(lambda g: g.all_reduce(second[g.rank], "max")))
+    for out in results:
+        assert out.tobytes() == functools.reduce(np.maximum, second).tobytes()
 
 
 def test_a_rank_in_another_operation_than_a_shared_memory_all_reduce_is_named_by_both(group_of):

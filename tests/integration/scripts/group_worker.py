@@ -4,8 +4,10 @@ Usage: group_worker.py MODE OUT_DIR  (PADDLE_TRAINER_ENDPOINTS, PADDLE_TRAINER_I
 FLEET_* set by the test)
 
 MODE "ops": every collective on ``inputs(rank, size)``; the results go to OUT_DIR/rank<r>.npz.
-MODE "loop": all_reduce of 1 MB forever; OUT_DIR/rank<r>.ready after the first, holding the
-number of all_reduce calls that went through shared memory.
+MODE "loop": all_reduce of 1 MB whole and of 1 MB + 4 KB in rounds (the group's
+pipelined shared-memory path, from 1 MB + 1 byte here), in turn, forever;
+OUT_DIR/rank<r>.ready after the first two, holding the number of all_reduce calls that
+went through shared memory.
 MODE "join": join the group and pass a barrier.
 Any failure is printed as "FAILED <type>: <message>" on stdout, exit code 3.
 """
@@ -40,6 +42,9 @@ def ops(group, out):
         "min_ring_f32": group.all_reduce(mine["ring_f32"], "min"),
         "broadcast": group.broadcast(mine["root"] if group.rank == group.size - 1 else None, root=group.size - 1),
     }
+    # the same sum in rounds of 64 KiB through shared memory (from 1 MiB on, here)
+    group.shm_pipeline_min_bytes, group.shm_round_bytes = 1 << 20, 64 << 10
+    results["sum_ring_f32_in_rounds"] = group.all_reduce(mine["ring_f32"], "sum")
     for r, part in enumerate(group.all_gather(mine["ragged"])):
         results[f"gather_{r}"] = part
     ranks = group.all_gather_object({"rank": group.rank})
@@ -51,12 +56,16 @@ def ops(group, out):
 
 def loop(group, out):
     x = np.full(1 << 18, float(group.rank), dtype=np.float32)
+    y = np.full((1 << 18) + 1024, float(group.rank), dtype=np.float32)
+    group.shm_pipeline_min_bytes, group.shm_round_bytes = (1 << 20) + 1, 64 << 10
     group.all_reduce(x)
+    group.all_reduce(y)
     with open(os.path.join(out, f"rank{group.rank}.ready.tmp"), "w") as f:
         f.write(str(group.stats()["shm_operations"]))
     os.replace(os.path.join(out, f"rank{group.rank}.ready.tmp"), os.path.join(out, f"rank{group.rank}.ready"))
     while True:
         group.all_reduce(x)
+        group.all_reduce(y)
 
 
 def main():
