@@ -37,7 +37,7 @@ others.
 Shared memory: when every rank runs on this host (``shared_segment.host_identity()``,
 exchanged when joining), the machine is x86-64 Linux (``shared_control.supported()``)
 and none sets FLEET_GROUP_SHM=0, ``all_reduce`` of arrays of ``shm_min_bytes``
-(SHM_MIN_BYTES, 256 KiB) or more goes through memory every rank maps (anonymous
+(SHM_MIN_BYTES, 0: every size) or more goes through memory every rank maps (anonymous
 segments, ``shared_segment.SharedSegment``: nothing can be left behind): a control block
 rank 0 creates when the group forms (``shared_control.ControlBlock``: every rank's
 progress words and descriptor) and a data segment (one slot per rank and the result).
@@ -120,16 +120,16 @@ exchange took as long as the ring at 1.6 MiB and longer from 4 MiB on (the ring 
 the reduction of one chunk with the transfer of the next); in a hybrid CTR-DNN job (a
 1.6 MiB all-reduce per step, a server and 2 workers on the 2 cores) it took 1.0-2.5 ms
 once both ranks had arrived where the ring took 1.5-5.1 ms (6 interleaved runs)."""
-SHM_MIN_BYTES = 256 * 1024
+SHM_MIN_BYTES = 0
 """Arrays of at least this many bytes are all-reduced through shared memory when every
 rank of the group is on this host (and FLEET_GROUP_SHM is not 0); smaller ones by direct
-exchange. Chosen when shared memory still synchronised with two rounds of ZeroMQ tokens,
-which the direct exchange's single round beat below about this size (2 cores: at 256 KiB
-362 vs 381 us over 2 processes, 973 vs 1351 us over 4). Since the ranks wait on each
-other in the control block, shared memory was faster at every size of
-benchmarks/bench_collective.py's sweep (1 KiB: 28 vs 130 us over 2 processes, 112 vs
-622 us over 4; 256 KiB: 40 vs 265, 158 vs 982; one run on 2 cores): a lower value is
-the next step, once the jobs that all-reduce small arrays have been measured with it."""
+exchange. 0: every size. It was 256 KiB while shared memory synchronised with two rounds
+of ZeroMQ tokens, which the direct exchange's single round beat below about that size;
+since the ranks wait on each other in the control block, shared memory is faster at
+every size of benchmarks/bench_collective.py's sweep (microseconds per all_reduce, shared
+memory vs direct exchange, 2 cores: 1 KiB 30 vs 156 over 2 processes, 121 vs 602 over
+4; 64 KiB 32 vs 245, 131 vs 852; 256 KiB 42 vs 272, 165 vs 945). A group of ranks on
+several hosts keeps the ZeroMQ paths at every size."""
 SHM_PIPELINE_MIN_BYTES = 16 << 20
 """Arrays of at least this many bytes go through shared memory in rounds of
 ``shm_round_bytes`` (SHM_ROUND_BYTES) through a small staging area that stays in the

@@ -74,8 +74,8 @@ def test_collectives_over_processes_equal_numpy_and_agree_bit_for_bit(procs, cle
     np.testing.assert_array_equal(got["objects"], np.arange(n))
     # in rounds or whole, the same bits (and without shared memory, the ring's)
     assert got["sum_ring_f32_in_rounds"].tobytes() == got["sum_ring_f32"].tobytes()
-    # the four large all_reduce calls go through shared memory unless FLEET_GROUP_SHM=0
-    assert [int(results[r]["shm_operations"]) for r in range(n)] == [4 if shm == "1" else 0] * n
+    # all six all_reduce calls go through shared memory unless FLEET_GROUP_SHM=0
+    assert [int(results[r]["shm_operations"]) for r in range(n)] == [6 if shm == "1" else 0] * n
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
