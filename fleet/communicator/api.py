@@ -71,8 +71,10 @@ class CommunicatorAPI(TrainingHooks, abc.ABC):
 
     @abc.abstractmethod
     def geo_step(self, grads):
-        """One local GEO step's bookkeeping; exchanges with the servers every k steps
-        (blocks then, bounded). Thread-safe. Other modes raise ConfigError."""
+        """One local GEO step's bookkeeping; every k steps starts an exchange with the
+        servers in the background and applies its replies at a later step (blocks, bounded,
+        only when the exchange before is still in flight). Thread-safe. Other modes raise
+        ConfigError."""
 
     # -- coordination (runtime's thread) -------------------------------------------------
     @abc.abstractmethod

@@ -8,7 +8,15 @@
   ``update_frequency`` would otherwise average models trained apart (it is logged).
   In an elastic job "workers" is how many train now (server 0 says so at every exchange),
   not the MAX worker slots.
+
+  The exchange does not stop training: the step that reaches it works out the deltas
+  (and counts them as exchanged) and hands the requests to a background thread; the
+  first step after the servers' replies arrived applies them (local += server - last
+  synced, so the steps trained meanwhile are kept and go out with the next exchange). At
+  most one exchange is in flight: a step that reaches the next one first waits for it.
+  ``flush`` (end of a pass, saves, ``stop``) waits for it and exchanges what is left.
 """
+import concurrent.futures
 import logging
 import threading
 
@@ -35,6 +43,9 @@ class GeoCommunicator(Communicator):
         self._warned_short_pass = False
         self._touched = {}  # table -> list of row arrays
         self._lock = threading.Lock()
+        self._pool = None  # the background exchange's thread (start .. stop)
+        self._in_flight = None  # the future of the exchange being sent, or None
+        self._submitted = 0  # exchanges handed over (sent, or being sent)
         self._old = {}
         self.tables = [p for p in self.plan.params.values() if p.kind == SPARSE]
 
@@ -43,15 +54,31 @@ class GeoCommunicator(Communicator):
         for p in self.plan.params.values():
             self._old[p.name] = np.array(self.scope[p.name], dtype=np.float32, copy=True)
 
+    def start(self):
+        super().start()
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleet-geo")
+
+    def stop(self):
+        try:
+            super().stop()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
     def send(self, grads):
         raise AssertionError("GEO workers update locally; the program calls geo_step")
 
     def geo_step(self, grads):
-        """Counts a local step and records the sparse rows it touched; every k steps
-        exchanges deltas with the servers (blocks during the exchange).
+        """Counts a local step and records the sparse rows it touched; applies the
+        servers' replies to the last exchange once they are in; every k steps starts an
+        exchange of deltas with the servers (in the background; waits only for the one
+        still in flight, if any).
 
         Raises:
-            the job's failure (``check_alive``), at the first step after it happened.
+            the job's failure (``check_alive``), at the first step after it happened; an
+            exchange's error (e.g. ServerLostError), at the first step after it failed.
         """
         self.check_alive()
         with self._lock:
@@ -60,6 +87,7 @@ class GeoCommunicator(Communicator):
                     self._touched.setdefault(name, []).append(value.rows.copy())
             self._steps += 1
             self._pass_steps += 1
+            self._collect(wait=False)
             if self._steps >= self.interval:
                 self._exchange()
                 self.interval = min(self.k, 2 * self.interval)
@@ -70,21 +98,26 @@ class GeoCommunicator(Communicator):
         return self._steps
 
     def pushes_mark(self):
-        """(exchanges so far, local steps not exchanged): the steps before the mark are on
-        the servers once an exchange after it happened (``pushes_sent``)."""
+        """(exchanges handed over so far, local steps not yet in one): the steps before
+        the mark are on the servers once those exchanges and, if there were such steps,
+        the next one have been answered (``pushes_sent``)."""
         with self._lock:
-            return self.stats["sends"], self._steps
+            return self._submitted, self._steps
 
     def pushes_sent(self, mark):
-        if mark is None or not mark[1]:
+        if mark is None:
             return True
+        submitted, steps = mark
         with self._stats_lock:
-            return self.stats["sends"] > mark[0]
+            return self.stats["sends"] >= submitted + (1 if steps else 0)
 
     def flush(self):
+        """Waits for the exchange in flight and exchanges the steps since (blocks)."""
         with self._lock:
+            self._collect(wait=True)
             if self._steps:
                 self._exchange()
+                self._collect(wait=True)
 
     def begin_pass(self, threads):
         with self._lock:
@@ -104,6 +137,33 @@ class GeoCommunicator(Communicator):
         super().end_pass()
 
     def _exchange(self):
+        """Works out and counts this exchange's deltas, then sends them: in the
+        background once started (``_collect`` applies the replies), else here."""
+        self._collect(wait=True)  # one exchange in flight at most: its replies move `old`
+        requests = self._requests()
+        self._touched = {}
+        self._steps = 0
+        self._submitted += 1
+        if self._pool is None:
+            self._apply(self._send(requests))
+        else:
+            self._in_flight = self._pool.submit(self._send, requests)
+
+    def _send(self, requests):
+        replies = self._all(requests)
+        self._count("sends")  # on the servers now (pushes_sent)
+        return replies
+
+    def _collect(self, wait):
+        """Applies the replies of the exchange in flight once they are in (``wait``:
+        waits for them; bounded by the requests' own timeout); raises its error."""
+        future = self._in_flight
+        if future is None or (not wait and not future.done()):
+            return
+        self._in_flight = None
+        self._apply(future.result())
+
+    def _requests(self):
         # Elastic jobs: the workers training now (server 0's last answer), not the MAX slots.
         workers = self.training_workers or self.plan.worker_num
         by_grad = {p.grad: p for p in self.plan.params.values()}
@@ -129,9 +189,12 @@ class GeoCommunicator(Communicator):
             delta = (local[rows] - old[rows]) * np.float32(1.0 / workers)
             old[rows] += delta
             self._route_rows(p, rows, delta, out)
-        requests = {ep: ("geo_push", names, arrays, {"pull": pulls.get(ep, []), "pull_changed": changed.get(ep, [])})
-                    for ep, (names, arrays) in out.items()}
-        replies = self._all(requests)
+        return {ep: ("geo_push", names, arrays, {"pull": pulls.get(ep, []), "pull_changed": changed.get(ep, [])})
+                for ep, (names, arrays) in out.items()}
+
+    def _apply(self, replies):
+        """Takes the servers' values in: local += server - last synced (the steps trained
+        since the deltas were worked out stay), last synced = server."""
         training = replies[self.endpoints[0]].meta.get("training")
         if training:
             self.training_workers = int(training)
@@ -155,6 +218,3 @@ class GeoCommunicator(Communicator):
                 lv += server - ov
                 ov[...] = server
                 i += 1
-        self._touched = {}
-        self._steps = 0
-        self._count("sends")

@@ -171,7 +171,9 @@ def test_geo_staleness_is_the_local_steps_since_the_last_exchange():
             comm.geo_step({})
             seen.append(worker_t.snapshot()["worker"]["staleness_steps"])
         assert seen == [0, 1, 0, 1]
-        assert worker_t.snapshot()["worker"]["pushes"] == 2 == server_t.snapshot()["server"]["requests"]["geo_push"]
+        # the second exchange runs in the background: counted once the servers answered it
+        _wait(lambda: worker_t.snapshot()["worker"]["pushes"] == 2, "the second exchange is answered")
+        assert server_t.snapshot()["server"]["requests"]["geo_push"] == 2
 
 
 def test_rates_are_over_the_last_window_of_snapshots():
