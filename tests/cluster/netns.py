@@ -392,19 +392,22 @@ class Cluster:
         for h in self.hosts:
             h.wait_link()
 
-    def shape(self, rate: str | None = "100mbit"):
-        """Limit every host's link to rate in both directions (tc tbf), or None to unlimit.
+    def shape(self, rate: str | None = "100mbit", hosts=None):
+        """Limit every host's link (or those of ``hosts``) to rate in both directions (tc
+        tbf), or None to unlimit.
 
         The tbf qdisc goes on the egress of each host's veth (what it sends) and of its
         bridge-side peer (what it receives).
 
         Args:
             rate: tc's rate syntax ("100mbit", "1gbit", "500kbit"), or None.
+            hosts: the Hosts to shape (default: all).
 
         Raises:
             ValueError: rate is not of that form.
         """
-        devices = [(h.ns, h.dev) for h in self.hosts] + [(self.bridge_ns, h.peer) for h in self.hosts]
+        hosts = self.hosts if hosts is None else list(hosts)
+        devices = [(h.ns, h.dev) for h in hosts] + [(self.bridge_ns, h.peer) for h in hosts]
         if rate is None:
             for ns, dev in devices:
                 _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)

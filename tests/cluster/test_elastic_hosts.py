@@ -1,7 +1,8 @@
 """An elastic CTR-DNN job across three hosts, started without fleetrun (each process with
 FLEET_ELASTIC and its role variables, as a scheduler would): a worker joins on a third
-host mid-pass, a worker's host is cut off, and the job finishes with every example of
-the pass acknowledged by the servers' work queue."""
+host mid-pass, a worker's host (on a slow link, so the pass is still running) is cut off,
+and the job finishes with every example of the pass acknowledged by the servers' work
+queue."""
 import json
 import subprocess
 import sys
@@ -50,6 +51,10 @@ def test_a_worker_joins_on_another_host_and_a_cut_off_host_loses_only_its_worker
         cluster_factory, tmp_path, ctr_data):
     cluster = cluster_factory(3)
     h1, h2, h3 = cluster.hosts
+    # h3's worker trains on a slow link (each step moves megabytes), so it still holds a
+    # unit when the others are done: uncapped, the whole pass took ~4 s on 2 cores, and it
+    # could end before the test, polling through subprocesses, cut h3 off
+    cluster.shape("20mbit", hosts=[h3])
     model = tmp_path / "model"
     args = [sys.executable, "-u", *map(str, ctr.train_args(ctr_data, model, "async", 1))]
     procs, logs = {}, {}
@@ -70,8 +75,10 @@ def test_a_worker_joins_on_another_host_and_a_cut_off_host_loses_only_its_worker
     start("worker1", h3, "worker", 1)
     _wait_for(lambda: 0 in queue(), 60, "the workers to open the pass")
     start("worker2", h1, "worker", 2)  # a third host's worker joins the running job
-    _wait_for(lambda: "2" in queue().get(0, {}).get("workers", {}) and
-             queue()[0]["held_by"].get("1", 0) >= 1, 60, "worker 2 to acknowledge a unit while worker 1 holds one")
+    def joined_while_held():
+        status = queue().get(0, {})  # one look: the two facts at the same moment
+        return "2" in status.get("workers", {}) and status.get("held_by", {}).get("1", 0) >= 1
+    _wait_for(joined_while_held, 60, "worker 2 to acknowledge a unit while worker 1 holds one")
     h3.link_down()
     for name in ("server", "worker0", "worker2"):
         assert procs[name].wait(timeout=120) == 0, logs[name].read_text()[-3000:]
