@@ -5,6 +5,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from fleet.launch.summary import LiveSummary
 from fleet.logs import WaitLog, wait_log_ms
 
 _POLL_SECONDS = 0.05
+_LOST = re.compile(r"\b(worker|server) (\d+) was lost\b")  # a process told of another's failure says so
 _REAP_SECONDS = 10.0
 _PR_SET_PDEATHSIG = 1
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -540,16 +542,27 @@ class _Job:
     def _first_failure(self):
         """The root cause when a process failed, else None. Processes that exited at about
         the same time: every waiter thread gets to record its exit, then the earliest is
-        the root cause. In an elastic job, exits recorded since the loop's tick (a worker
-        may die between the tick and this check) go through the elastic policy first, so
-        a worker it tolerates is reported as lost, not as the job's failure."""
+        the root cause, unless its error says it was told of another failed process's
+        failure ("worker 1 was lost: it failed: ..."): that one failed first, even if it
+        took longer to exit (reporting its failure to the servers, then tearing down). In
+        an elastic job, exits recorded since the loop's tick (a worker may die between the
+        tick and this check) go through the elastic policy first, so a worker it
+        tolerates is reported as lost, not as the job's failure."""
         if not any(ch.failed() for ch in self.children):
             return None
         time.sleep(2 * _POLL_SECONDS)
         if self.elastic is not None:
             self.elastic.tick()
         failed = sorted((ch for ch in self.children if ch.failed()), key=lambda ch: ch.exit_time)
-        return failed[0] if failed else None
+        if not failed:
+            return None
+        told = _LOST.search(failed[0].error_line())
+        if told:
+            role, index = told.group(1), int(told.group(2))
+            named = [ch for ch in failed[1:] if ch.role == role and ch.index == index]
+            if named:
+                return named[0]
+        return failed[0]
 
     def _running(self):
         return [ch for ch in self.children if ch.returncode is None]

@@ -1,6 +1,7 @@
 """fleetrun's job loop when a worker of an elastic job exits between the loop's elastic
 tick and its failure check: the elastic policy still decides (lost, not the job's root
-cause). Fake processes; no process is started."""
+cause); and when a process told of another's failure exits before it. Fake processes; no
+process is started."""
 import threading
 import time
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ class _Child:
         self.role, self.index, self.popen = role, index, SimpleNamespace(pid=100 + index)
         self.returncode, self.exit_time, self.stopped_by_us, self.tolerated = None, None, False, False
         self.endpoint = None
+        self.error = ""
 
     name = property(lambda self: f"{self.role} {self.index}")
     label = property(lambda self: f"{self.name} (pid {self.popen.pid})")
@@ -24,7 +26,7 @@ class _Child:
         self.returncode, self.exit_time = code, time.monotonic()
 
     def error_line(self):
-        return ""
+        return self.error
 
     def describe_exit(self):
         return "was killed by SIGKILL" if self.returncode == -9 else f"exited with code {self.returncode}"
@@ -69,3 +71,20 @@ def test_without_elastic_the_earliest_failure_is_the_root_cause(tmp_path):
     job.children[3].exit(1)
     job.children[1].exit(-9)
     assert job.first_failure() is job.children[3]
+
+
+def test_a_worker_told_of_another_s_failure_that_exits_first_is_not_the_root_cause(tmp_path):
+    # worker 1 failed and told the servers; the server failed the job and worker 0, told so,
+    # exited while worker 1 was still tearing down: worker 1 is the root cause
+    job = _Job(tmp_path, low=2, elastic=False)
+    job.children[1].error = ("fleet.errors.ServerError: server 127.0.0.1:6170 failed: worker 1 was lost: it failed: "
+                             "DataError: worker 1 of 3: train_from_dataset ran a pass over 0 examples")
+    job.children[1].exit(1)
+    job.children[2].error = "fleet.errors.DataError: worker 1 of 3: train_from_dataset ran a pass over 0 examples"
+    job.children[2].exit(1)
+    assert job.first_failure() is job.children[2]
+    # a process it names that did not fail (yet) does not count: the earliest stays the cause
+    job = _Job(tmp_path, low=2, elastic=False)
+    job.children[1].error = "fleet.errors.ServerError: server 127.0.0.1:6170 failed: worker 2 was lost: it failed"
+    job.children[1].exit(1)
+    assert job.first_failure() is job.children[1]
