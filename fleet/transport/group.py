@@ -571,14 +571,7 @@ class WorkerGroup:
                 and self._segment_gen == ctl.generation()):
             self._shm_write(flat, slot, lo, hi)
             wrote = self._segment_gen
-        mine = encode_desc(desc)
-        ctl.put_desc(r, mine)
-        ctl.put(r, WROTE, wrote)
-        ctl.post(r, ARRIVED, seq)
-        self._shm_wait(call, ARRIVED, self.peers, "arriving", desc)
-        if any(ctl.desc_bytes(p) != mine for p in self.peers):
-            self._raise_mismatch(call, {**{p: ctl.desc(p) for p in self.peers}, r: desc})
-        gen = self._shm_attach(call, need)
+        gen = self._shm_arrive(call, desc, wrote, need)
         late = [p for p in range(n) if ctl.get(p, WROTE) != gen]
         if r in late:
             self._shm_write(flat, slot, lo, hi)
@@ -604,6 +597,20 @@ class WorkerGroup:
             self._replace_segment(SharedSegment.create(need))
             self._segment_gen = seq  # never 0, the generation before any data segment
             self._control.publish_data(self._segment.key, self._segment.nbytes, self._segment_gen)
+
+    def _shm_arrive(self, call, desc, wrote, need):
+        """Stores this rank's descriptor, ``wrote`` (WROTE) and "arrived"; waits for every
+        rank's arrival; raises the mismatch if their descriptors differ; maps the data
+        segment rank 0 published (``_shm_attach``) and returns its generation."""
+        ctl, r = self._control, self.rank
+        mine = encode_desc(desc)
+        ctl.put_desc(r, mine)
+        ctl.put(r, WROTE, wrote)
+        ctl.post(r, ARRIVED, word(call.seq))
+        self._shm_wait(call, ARRIVED, self.peers, "arriving", desc)
+        if any(ctl.desc_bytes(p) != mine for p in self.peers):
+            self._raise_mismatch(call, {**{p: ctl.desc(p) for p in self.peers}, r: desc})
+        return self._shm_attach(call, need)
 
     def _shm_attach(self, call, need):
         """Once every rank has arrived: maps the data segment rank 0 published if it is
@@ -662,22 +669,14 @@ class WorkerGroup:
         area = aligned(buffers * n * q * item)
         need = (n + 1) * area
         self._shm_grow(need, seq)
-        mine = encode_desc(desc)
-        ctl.put_desc(r, mine)
-        ctl.put(r, WROTE, 0)
-        ctl.post(r, ARRIVED, seq)
-        self._shm_wait(call, ARRIVED, self.peers, "arriving", desc)
-        if any(ctl.desc_bytes(p) != mine for p in self.peers):
-            self._raise_mismatch(call, {**{p: ctl.desc(p) for p in self.peers}, r: desc})
-        self._shm_attach(call, need)
+        self._shm_arrive(call, desc, 0, need)
         for which in (PIECES_WRITTEN, PIECES_REDUCED, PIECES_COPIED):
             ctl.post(r, which, 0)
         ctl.post(r, PIECES_CALL, seq)
         staging = [self._segment.view(flat.dtype, buffers * n * q, p * area) for p in range(n)]
         results = self._segment.view(flat.dtype, buffers * n * q, n * area)
         out = self._result_buffer(flat)
-        order = [(r + j) % n for j in range(n)] if flat.nbytes >= self.ring_min_bytes else list(range(n))
-        ufunc = _UFUNCS[op]
+        order = self._shm_order(flat)
         peers = self.peers
 
         def piece(p, k):  # piece k of part p: its bounds in the array and where it sits in a buffer
@@ -702,13 +701,8 @@ class WorkerGroup:
                                least=k - buffers + 1)
             a, b, at = piece(r, k)
             if b > a:
-                parts = [flat[a:b] if p == r else staging[p][at:at + b - a] for p in range(n)]
                 dst = results[at:at + b - a]
-                ufunc(parts[order[0]], parts[order[1]], out=dst)
-                for p in order[2:]:
-                    ufunc(dst, parts[p], out=dst)
-                if op == "mean":
-                    np.divide(dst, n, out=dst)
+                _reduce_into(dst, [flat[a:b] if p == r else staging[p][at:at + b - a] for p in order], op)
                 out[a:b] = dst
             ctl.post(r, PIECES_REDUCED, k + 1)
 
@@ -737,23 +731,21 @@ class WorkerGroup:
         value stays in the cache (elementwise: the same bits as one pass)."""
         n, r = self.size, self.rank
         parts = [flat[lo:hi] if p == r else self._segment.view(flat.dtype, flat.size, p * slot)[lo:hi]
-                 for p in range(n)]
+                 for p in self._shm_order(flat)]
         result = self._segment.view(flat.dtype, flat.size, n * slot)[lo:hi]
-        # The order of the path the group takes without shared memory, so a job's result
-        # does not depend on whether its ranks share a host: from rank r round, as the
-        # ring completes segment r (part r has the ring's segment bounds), or rank order,
-        # as the direct exchange
-        order = [(r + j) % n for j in range(n)] if flat.nbytes >= self.ring_min_bytes else list(range(n))
-        ufunc = _UFUNCS[op]
         step = max(1, _REDUCE_CHUNK_BYTES // flat.itemsize)
         for a in range(0, hi - lo, step):
             dst = result[a:a + step]
-            ufunc(parts[order[0]][a:a + step], parts[order[1]][a:a + step], out=dst)
-            for p in order[2:]:
-                ufunc(dst, parts[p][a:a + step], out=dst)
-            if op == "mean":
-                np.divide(dst, n, out=dst)
+            _reduce_into(dst, [part[a:a + step] for part in parts], op)
             out[lo + a:lo + a + dst.size] = dst
+
+    def _shm_order(self, flat):
+        """The ranks in the order this rank adds their part: the order of the path the
+        group takes without shared memory, so a job's result does not depend on whether
+        its ranks share a host: from this rank round, as the ring completes segment r
+        (part r has the ring's segment bounds), or rank order, as the direct exchange."""
+        n, r = self.size, self.rank
+        return [(r + j) % n for j in range(n)] if flat.nbytes >= self.ring_min_bytes else list(range(n))
 
     def _shm_wait(self, call, which, ranks, stage, desc=None, named=None, least=None):
         """Waits until word ``which`` of every rank in ``ranks`` holds this call's number
@@ -1445,6 +1437,16 @@ def _flat(array, what, dtypes):
         raise ConfigError(f"{what}: dtype {array.dtype.str} ({array.dtype.name}) is not one of {', '.join(dtypes)} "
                           f"in native byte order; convert with array.astype(np.float32) (or another of those)")
     return np.ascontiguousarray(array).reshape(-1), tuple(int(d) for d in array.shape)
+
+
+def _reduce_into(dst, parts, op):
+    """dst = parts[0] op parts[1] op ... in that order (and / len(parts) for "mean")."""
+    ufunc = _UFUNCS[op]
+    ufunc(parts[0], parts[1], out=dst)
+    for part in parts[2:]:
+        ufunc(dst, part, out=dst)
+    if op == "mean":
+        np.divide(dst, len(parts), out=dst)
 
 
 def _chunk_bounds(size, itemsize, chunk_bytes):
