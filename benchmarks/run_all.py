@@ -63,6 +63,8 @@ def benchmarks(quick):
         ("scaling_merged", ["bench_scaling.py", "--lines", "50000" if quick else "200000",
                             "--trainers", "1,2,4" if quick else "1,2,4,8", "--timeout", "300",
                             "--strategies", "sync,async,half_async", "--merge_pushes", "0"]),
+        # async staleness alone, simulated in one process (no communication)
+        ("staleness", ["bench_staleness.py", "--lines", "50000" if quick else "200000,1000000"]),
         # kill -9 of a server, then of a worker, of a sync job under fleetrun --max_restarts 2
         ("recovery", ["bench_recovery.py", "--lines", "400000" if quick else "1000000"]),
         # three hosts as network namespaces, links uncapped and capped by tc tbf
@@ -336,6 +338,31 @@ def scaling_rows(r, name="scaling"):
     return rows
 
 
+def staleness_rows(r):
+    st = r.get("staleness") or {}
+    if "error" in st:
+        return [("error: " + cell(st["error"], 150), "", "", "", "")]
+    return [(fmt(x["lines"]), x["lag"], fmt(x["updates"]), fmt(x["test_auc"], "{:.4f}"),
+             "" if x["lag"] == 0 else fmt(x["auc_minus_lag0"], "{:+.4f}")) for x in st.get("results") or []]
+
+
+def staleness_compare_rows(r):
+    """bench_scaling's async runs next to the simulated lags that bracket them (W workers:
+    lag W - 1 to 2W - 1), on the same number of lines."""
+    st, sc = r.get("staleness") or {}, r.get("scaling") or {}
+    sim = {x["lag"]: x for x in st.get("results") or [] if x["lines"] == sc.get("lines")}
+    rows = []
+    for x in (sc.get("results") or {}).get("async") or []:
+        if "error" in x or x.get("threads") != 1:
+            continue
+        w = x["workers"]
+        low, high = sim.get(w - 1), sim.get(2 * w - 1)
+        rows.append((w, fmt(x.get("test_auc"), "{:.4f}"), fmt(x.get("auc_minus_local"), "{:+.4f}"),
+                     f"lag {w - 1}: " + (fmt(low["auc_minus_lag0"], "{:+.4f}") if low else "not run"),
+                     f"lag {2 * w - 1}: " + (fmt(high["auc_minus_lag0"], "{:+.4f}") if high else "not run")))
+    return rows
+
+
 def collective_goal_rows(r):
     """bench_collective's checks: all_reduce bandwidth vs the raw ZeroMQ bound."""
     co = r.get("collective") or {}
@@ -481,6 +508,24 @@ def write_report(path, results, args, started):
         "batch / pushes merged:",
         "",
         table(SCALING_HEADER, scaling_rows(results, "scaling_merged")),
+        "",
+        "## Async staleness alone",
+        "",
+        "`bench_staleness.py`: async training simulated in one process with no communication: update k "
+        "applies the gradient of batch k computed on the parameters (dense layers and embedding table) as they "
+        "were `lag` updates earlier; lag 0 is local training with 1 thread. Adam 1e-3 (lazy), batch "
+        f"{get(results, 'staleness', 'batch_size') or 'n/a'}, seed(s) "
+        f"{', '.join(str(s) for s in get(results, 'staleness', 'seeds') or []) or 'n/a'}; generated lines seen "
+        "once, test AUC on 50,000 held-out lines.",
+        "",
+        table(("lines", "lag", "updates", "test AUC", "vs lag 0"), staleness_rows(results)),
+        "",
+        "An async worker's push meets the updates the other W - 1 workers applied since its parameters were "
+        "pulled, and the pipeline can add up to another W: lag W - 1 to 2W - 1. bench_scaling's async runs "
+        "(W workers x 1 thread, same lines) next to the simulated loss at those lags:",
+        "",
+        table(("workers", "async test AUC", "async vs local", "simulated, fewest lag", "simulated, most lag"),
+              staleness_compare_rows(results)),
         "",
         "## Worker group all_reduce",
         "",
