@@ -172,7 +172,7 @@ def main(argv=None):
         results[strategy] = rounded_result(aggregate(runs[strategy], runs["local"]), runs[strategy], seeds)
     print(json.dumps({"bench": "distributed", "model": "ctr_dnn", "servers": args.servers, "workers": 2,
                       "worker_threads": args.worker_threads, "lines": args.lines, "epochs": args.epochs,
-                      "seeds": seeds, "geo_k": args.geo_k, "results": results, "checks": checks(results),
+                      "seeds": seeds, "geo_k": args.geo_k, "train_args": train_args, "results": results, "checks": checks(results),
                       "goal": GOAL}))
 
 

@@ -59,6 +59,11 @@ def parse_args(argv=None):
                         "by what one update averages: sync, hybrid and collective workers x threads, half-async "
                         "threads (x pushes merged), async pushes merged (1 by default), GEO workers (their "
                         "progress is averaged)")
+    p.add_argument("--batch_per_thread", type=int, default=None,
+                   help="every training thread reads this many examples per step in every strategy, as "
+                        "dataset.set_batch_size does in Paddle 1.x (an update then averages as many batches as "
+                        "the strategy merges: sync, hybrid and collective workers x threads); replaces "
+                        "--batch_size's division")
     p.add_argument("--threads", type=int, default=2, help="training threads per worker")
     p.add_argument("--merge_pushes", type=int, default=1,
                    help="async / half-async: servers average this many pushes into one update (1: each on "
@@ -130,6 +135,10 @@ def thread_batch_size(args):
     batches of a worker's threads (and async / half-async servers with --merge_pushes the
     pushes of several workers), GEO averages the workers' progress: so there each thread
     reads its share and the run makes as many updates of the same size as local training."""
+    if args.batch_per_thread is not None:
+        if args.batch_per_thread < 1:
+            raise SystemExit(f"--batch_per_thread {args.batch_per_thread}: give at least 1 example")
+        return args.batch_per_thread
     if fleet.is_local():
         return args.batch_size
     merged = args.merge_pushes or fleet.worker_num()  # pushes one async update averages
