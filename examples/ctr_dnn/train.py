@@ -135,10 +135,11 @@ def thread_batch_size(args):
     batches of a worker's threads (and async / half-async servers with --merge_pushes the
     pushes of several workers), GEO averages the workers' progress: so there each thread
     reads its share and the run makes as many updates of the same size as local training."""
-    if args.batch_per_thread is not None:
-        if args.batch_per_thread < 1:
-            raise SystemExit(f"--batch_per_thread {args.batch_per_thread}: give at least 1 example")
-        return args.batch_per_thread
+    per_thread = getattr(args, "batch_per_thread", None)  # online.py's options have none
+    if per_thread is not None:
+        if per_thread < 1:
+            raise SystemExit(f"--batch_per_thread {per_thread}: give at least 1 example")
+        return per_thread
     if fleet.is_local():
         return args.batch_size
     merged = args.merge_pushes or fleet.worker_num()  # pushes one async update averages
