@@ -41,3 +41,16 @@ def test_batch_per_thread_below_one_is_refused_with_the_value(train):
     args = train.parse_args(["--strategy", "sync", "--batch_per_thread", "0"])
     with pytest.raises(SystemExit, match="--batch_per_thread 0: give at least 1 example"):
         train.thread_batch_size(args)
+
+
+def test_online_options_without_batch_per_thread_get_the_division(train, monkeypatch):
+    """online.py shares thread_batch_size and has no --batch_per_thread option."""
+    spec = importlib.util.spec_from_file_location("ctr_online_under_test", os.path.join(EXAMPLE, "online.py"))
+    online = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(online)
+    try:
+        args = online.parse_args(["--strategy", "sync", "--threads", "2", "--batch_size", "1000"])
+        assert not hasattr(args, "batch_per_thread")
+        assert train.thread_batch_size(args) == 250
+    finally:
+        sys.modules.pop("ctr_online_under_test", None)
