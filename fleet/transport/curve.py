@@ -20,12 +20,14 @@ Keys come from the environment (see docs/env.md), either a directory::
 With none of them set, CURVE is off and sockets behave as without this module.
 """
 import itertools
+import logging
 import os
 import shutil
 import threading
 
 import zmq
 import zmq.auth
+from zmq.auth.base import Authenticator
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
@@ -208,6 +210,50 @@ class _Credentials:
     def callback(self, domain, key):
         return key in self.keys
 
+# How long closing a CURVE socket's owner waits for its ZAP authenticator thread, and for
+# its ZeroMQ context to terminate, before it leaves them behind with a warning.
+STOP_TIMEOUT_S = 5.0
+
+_log = logging.getLogger("fleet.transport")
+
+
+def stop_authenticator(auth, who, timeout_s=STOP_TIMEOUT_S):
+    """Stops a ``ThreadAuthenticator`` waiting at most ``timeout_s`` for its thread (its
+    own ``stop()`` waits without bound). Returns whether it stopped; if not, logs a
+    warning naming ``who`` and leaves the thread (a daemon) and its sockets open."""
+    pipe, thread = auth.pipe, auth.thread
+    if pipe is None:
+        return True
+    if thread is not None and thread.is_alive():
+        try:
+            pipe.send(b"TERMINATE", zmq.NOBLOCK)
+        except zmq.ZMQError:  # the thread's end is gone: it is ending by itself
+            pass
+        thread.join(timeout_s)
+        if thread.is_alive():
+            _log.warning("fleet: %s: the CURVE authenticator thread did not stop within %g s; leaving it and "
+                         "its ZeroMQ context open (they end with the process)", who, timeout_s)
+            return False
+    auth.thread = None
+    pipe.close(linger=0)
+    auth.pipe = None
+    Authenticator.stop(auth)  # closes the ZAP socket
+    return True
+
+
+def terminate_context(ctx, who, timeout_s=STOP_TIMEOUT_S):
+    """``ctx.term()`` (every socket of ``ctx`` must be closed), waiting at most
+    ``timeout_s``; past that, logs a warning naming ``who`` and returns False (the
+    termination goes on in a daemon thread)."""
+    done = threading.Thread(target=ctx.term, name="fleet-zmq-term", daemon=True)
+    done.start()
+    done.join(timeout_s)
+    if done.is_alive():
+        _log.warning("fleet: %s: its ZeroMQ context did not terminate within %g s (a socket of it is still "
+                     "open); leaving it to end with the process", who, timeout_s)
+        return False
+    return True
+
 
 class _ZapRegistry:
     """One ZAP authenticator per process (ZeroMQ allows one per context), shared by servers.
@@ -244,7 +290,7 @@ class _ZapRegistry:
             self._domains.discard(domain)
             self._auth.credentials_providers.pop(domain, None)
             if not self._domains:
-                self._auth.stop()
+                stop_authenticator(self._auth, f"process {os.getpid()}'s servers")
                 self._auth = None
 
 

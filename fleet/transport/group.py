@@ -90,7 +90,8 @@ from fleet.envvars import parse_int
 from fleet.errors import ConfigError, FleetTimeoutError, PeerLostError, TransportError
 from fleet.logs import WaitLog, wait_log_ms
 from fleet.transport import message, settings
-from fleet.transport.curve import KEYS_DIR_ENV, CurveConfig, check_curve_available
+from fleet.transport.curve import (KEYS_DIR_ENV, CurveConfig, check_curve_available, stop_authenticator,
+                                   terminate_context)
 from fleet.transport import shared_control
 from fleet.transport.shared_control import (ARRIVED, PIECES_CALL, PIECES_COPIED, PIECES_REDUCED, PIECES_WRITTEN,
                                             REDUCED, WRITTEN, WROTE, ControlBlock, encode_desc, word)
@@ -1298,11 +1299,14 @@ class WorkerGroup:
         for sock in self._dealers.values():
             sock.close()  # linger 0 but for a loss report in flight (_report_loss)
         self._monitors, self._dealers, self._router = {}, {}, None
+        stopped = True
+        who = f"rank {self.rank} of the worker group"
         if self._auth is not None:
-            self._auth.stop()
+            stopped = stop_authenticator(self._auth, who)
             self._auth = None
         if self._ctx is not None:
-            self._ctx.term()
+            if stopped:  # else its thread still holds sockets of the context: term() would wait for it
+                terminate_context(self._ctx, who)
             self._ctx = None
         self._inbox.clear()
         self._spares = []
