@@ -34,6 +34,7 @@ import _jobs  # noqa: E402
 sys.path.insert(0, _jobs.EXAMPLE)
 import fleet  # noqa: E402
 from fleet import optimizer  # noqa: E402
+from fleet.fluid import unique_name  # noqa: E402
 from fleet.framework.hooks import program_to_run  # noqa: E402
 from fleet.framework.runner import Plan, Runner  # noqa: E402
 from network import ctr_dnn_model  # noqa: E402
@@ -65,7 +66,9 @@ def train(data, lag, seed, batch_size, lr):
     """Test AUC after one pass in which every gradient is ``lag`` updates stale; also the
     updates made."""
     main, startup = fleet.Program(), fleet.Program()
-    with fleet.program_guard(main, startup):
+    # Fresh names (fc_0.w_0, ...) for every model: initial values come from the seed and
+    # the names, so every lag starts from the same parameters for a seed.
+    with fleet.program_guard(main, startup), unique_name.guard():
         startup.random_seed = seed
         inputs, avg_cost, _, _, predict, _ = ctr_dnn_model(HASH_DIM)
         test_program = main.clone(for_test=True)

@@ -69,7 +69,8 @@ def benchmarks(quick):
                             "--trainers", "1,2,4" if quick else "1,2,4,8", "--timeout", "300",
                             "--strategies", "sync,async,half_async", "--merge_pushes", "0"]),
         # async staleness alone, simulated in one process (no communication)
-        ("staleness", ["bench_staleness.py", "--lines", "50000" if quick else "200000,1000000"]),
+        ("staleness", ["bench_staleness.py", "--lines", "50000" if quick else "200000,1000000",
+                       "--seeds", "1" if quick else "1,2,3"]),
         # kill -9 of a server, then of a worker, of a sync job under fleetrun --max_restarts 2
         ("recovery", ["bench_recovery.py", "--lines", "400000" if quick else "1000000"]),
         # three hosts as network namespaces, links uncapped and capped by tc tbf
