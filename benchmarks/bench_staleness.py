@@ -26,8 +26,6 @@ import os
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _jobs  # noqa: E402
 
@@ -37,29 +35,10 @@ from fleet import optimizer  # noqa: E402
 from fleet.fluid import unique_name  # noqa: E402
 from fleet.framework.hooks import program_to_run  # noqa: E402
 from fleet.framework.runner import Plan, Runner  # noqa: E402
+from infer import auc_score, criteo_dataset, predict_files  # noqa: E402
 from network import ctr_dnn_model  # noqa: E402
 
 HASH_DIM = 1000001
-
-
-def dataset(inputs, files, batch_size):
-    ds = fleet.DatasetFactory().create_dataset("QueueDataset")
-    ds.set_use_var(inputs)
-    ds.set_data_format("criteo", hash_dim=HASH_DIM)
-    ds.set_batch_size(batch_size)
-    ds.set_thread(1)  # one producer: the batches come in file order, the same every run
-    ds.set_filelist(files)
-    return ds
-
-
-def auc(labels, scores):
-    """The exact ROC AUC (ties broken by order; the scores are continuous)."""
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    ranks[order] = np.arange(1, len(scores) + 1)
-    pos = labels == 1
-    npos, nneg = int(pos.sum()), int((~pos).sum())
-    return float((ranks[pos].sum() - npos * (npos + 1) / 2) / (npos * nneg))
 
 
 def train(data, lag, seed, batch_size, lr):
@@ -85,14 +64,14 @@ def train(data, lag, seed, batch_size, lr):
     worker = Runner(plan, worker_scope)
     history = collections.deque([{n: scope[n].copy() for n in params}])
     updates = 0
-    for feed in dataset(inputs, sorted(glob.glob(os.path.join(data, "train", "*"))), batch_size).batches():
+    for feed in criteo_dataset(inputs, sorted(glob.glob(os.path.join(data, "train", "*"))), HASH_DIM,
+                               batch_size).batches():
         for n in params:
             worker_scope[n] = history[0][n] if lag else scope[n]
         worker.local.clear()
         worker.local.update(feed)
         worker.run(optimize=False, schedule=False)
-        server.local.clear()
-        server.local.update(feed)
+        server.local.clear()  # the update phase reads only the gradients
         for g in plan.grad_names:
             server.local[g] = worker.local[g]
         server.run(compute=False, optimize=True, schedule=True)
@@ -101,11 +80,10 @@ def train(data, lag, seed, batch_size, lr):
             history.append({n: scope[n].copy() for n in params})
             while len(history) > lag + 1:  # history[0]: the parameters after update k - 1 - lag
                 history.popleft()
-    labels, scores = [], []
-    for feed in dataset(inputs, sorted(glob.glob(os.path.join(data, "test", "*"))), 1000).batches():
-        scores.append(exe.run(test_program, feed=feed, fetch_list=[predict], scope=scope)[0][:, 1])
-        labels.append(np.asarray(feed["label"]).reshape(-1))
-    return auc(np.concatenate(labels), np.concatenate(scores)), updates
+    with fleet.scope_guard(scope):
+        labels, scores = predict_files(exe, test_program, inputs, predict,
+                                       sorted(glob.glob(os.path.join(data, "test", "*"))), HASH_DIM, 1000)
+    return auc_score(labels, scores), updates
 
 
 def main():

@@ -140,7 +140,8 @@ def figure_rows(r):
                  f"= {fmt(ratio, '{:.2f}')}x",
                  "skipped: torch not installed" if get(r, "torch_ctr", "skipped") else status(ratio, 1.0)))
     rows += distributed_goal_rows(r)
-    rows += distributed_goal_rows(r, "distributed_per_thread", "; batch 1000 per thread in every strategy")
+    rows += distributed_goal_rows(r, "distributed_per_thread", "; batch 1000 per thread in every strategy",
+                                  only=("hybrid",))
     rows += collective_goal_rows(r)
     for name, key in (("transport", "ratio_4mib"), ("communicator", "ratio_4mib")):
         v = get(r, name, key)
@@ -250,9 +251,9 @@ EVICTION_HEADER = ("pass", "rows, shrink", "server RSS MiB, shrink", "test AUC, 
                    "server RSS MiB, no shrink", "test AUC, no shrink", "AUC no shrink - shrink")
 
 
-def distributed_goal_rows(r, name="distributed", note=""):
+def distributed_goal_rows(r, name="distributed", note="", only=None):
     """bench_distributed's checks: examples/s and job CPU per example of each strategy vs local
-    (of the strategies the run trained)."""
+    (``only``: the checks of these strategies, where the run trained them)."""
     d = r.get(name) or {}
     dist = d.get("results") or {}
     seeds = len(d.get("seeds") or []) or "n/a"
@@ -261,8 +262,8 @@ def distributed_goal_rows(r, name="distributed", note=""):
     for c in d.get("checks") or []:
         strategy = c["figure"].split()[0]
         s = dist.get(strategy) or {}
-        if name != "distributed" and (c.get("value") is None or not s or strategy != "hybrid"):
-            continue  # this run is there for hybrid's checks
+        if only is not None and (strategy not in only or c.get("value") is None or not s):
+            continue
         if not s:
             measured = "not run"
         elif "AUC" in c["figure"]:
@@ -282,7 +283,7 @@ def distributed_goal_rows(r, name="distributed", note=""):
                         f"{fmt(c['value'], '{:.2f}')}x ({strategy} {fmt(spread.get('min'))}-{fmt(spread.get('max'))})")
         rows.append((f"{c['figure']} (1 server, 2 workers, mean of {seeds} seeds{note})", c["goal"], measured,
                      check_status(c)))
-    if not rows and name == "distributed":
+    if not rows and only is None:
         rows.append(("distributed strategies vs local (bench_distributed)", "see bench_distributed.py",
                      cell(d.get("error", "n/a")), "not measured"))
     return rows
@@ -366,10 +367,9 @@ def staleness_compare_rows(r):
         if "error" in x or x.get("threads") != 1:
             continue
         w = x["workers"]
-        low, high = sim.get(w - 1), sim.get(2 * w - 1)
-        rows.append((w, fmt(x.get("test_auc"), "{:.4f}"), fmt(x.get("auc_minus_local"), "{:+.4f}"),
-                     f"lag {w - 1}: " + (fmt(low["auc_minus_lag0"], "{:+.4f}") if low else "not run"),
-                     f"lag {2 * w - 1}: " + (fmt(high["auc_minus_lag0"], "{:+.4f}") if high else "not run")))
+        lags = [f"lag {lag}: " + (fmt(sim[lag]["auc_minus_lag0"], "{:+.4f}") if lag in sim else "not run")
+                for lag in (w - 1, 2 * w - 1)]
+        rows.append((w, fmt(x.get("test_auc"), "{:.4f}"), fmt(x.get("auc_minus_local"), "{:+.4f}"), *lags))
     return rows
 
 

@@ -33,17 +33,23 @@ def auc_score(labels, scores):
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def predict_files(exe, test_program, inputs, predict, files, hash_dim, batch_size=2000):
-    """(labels, click probabilities) as float64 arrays of every line of the Criteo ``files``,
-    predicted by ``test_program`` (one reader thread, so in file order)."""
+def criteo_dataset(inputs, files, hash_dim, batch_size):
+    """A dataset of the Criteo ``files`` read by one thread, so its batches come in file
+    order, the same every run."""
     dataset = fleet.DatasetFactory().create_dataset("QueueDataset")
     dataset.set_use_var(inputs)
     dataset.set_data_format("criteo", hash_dim=hash_dim)
     dataset.set_batch_size(batch_size)
     dataset.set_thread(1)
     dataset.set_filelist(files)
+    return dataset
+
+
+def predict_files(exe, test_program, inputs, predict, files, hash_dim, batch_size=2000):
+    """(labels, click probabilities) as float64 arrays of every line of the Criteo ``files``,
+    predicted by ``test_program`` (one reader thread, so in file order)."""
     labels, scores = [], []
-    for feed in dataset.batches():
+    for feed in criteo_dataset(inputs, files, hash_dim, batch_size).batches():
         p, = exe.run(test_program, feed=feed, fetch_list=[predict])
         scores.append(p[:, 1])
         labels.append(np.asarray(feed["label"]).reshape(-1))
