@@ -46,8 +46,12 @@ def _servers(endpoints):
 
 
 def _copy(value):
+    """A private copy of a gradient for the send queue; sparse rows merged (duplicates
+    summed, as ``split_grads`` would before sending), which also copies them."""
     if isinstance(value, SparseRows):
-        return SparseRows(value.rows.copy(), value.values.copy(), value.height)
+        if value.unique:
+            return SparseRows(value.rows.copy(), value.values.copy(), value.height, unique=True)
+        return value.merged()
     return np.array(value, dtype=np.float32, copy=True)
 
 

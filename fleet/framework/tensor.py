@@ -3,6 +3,7 @@ import numpy as np
 
 from fleet.errors import DataError
 from fleet.kernels import embedding as emb
+from fleet.kernels import sparse as sparse_kernels
 
 
 class SparseRows:
@@ -10,14 +11,25 @@ class SparseRows:
 
     Invariant: ``rows`` is int64 [n], ``values`` float32 [n, width], every row in
     [0, height). Rows need not be unique or sorted until merged; merging sums duplicates.
+    ``unique``: True when the rows are known to be distinct and ascending (``merged``).
     """
 
-    __slots__ = ("rows", "values", "height")
+    __slots__ = ("rows", "values", "height", "unique")
 
-    def __init__(self, rows, values, height):
+    def __init__(self, rows, values, height, unique=False):
         self.rows = rows
         self.values = values
         self.height = int(height)
+        self.unique = bool(unique)
+
+    def merged(self):
+        """These rows with each id once, ascending, its values summed in the order they
+        appear (Paddle's MergeAdd), in new arrays. Stands for the same matrix
+        (``to_dense`` is unchanged up to float32 rounding of the sums). Releases the GIL
+        while it merges."""
+        rows, values = sparse_kernels.merge_rows(np.ascontiguousarray(self.rows, dtype=np.int64),
+                                                 np.ascontiguousarray(self.values, dtype=np.float32))
+        return SparseRows(rows, values, self.height, unique=True)
 
     @property
     def width(self):

@@ -90,6 +90,22 @@ def test_dense_gradients_are_averaged_and_sparse_rows_gathered_in_rank_order():
         assert np.array_equal(dense, out[0][0]) and np.array_equal(rows.values, out[0][1].values)
 
 
+def test_each_workers_repeated_rows_are_merged_before_they_are_gathered():
+    """A batch's ids repeat: every worker sums its duplicates first, so each row of a
+    worker appears once in the gathered gradient (ascending), with the sum of its values."""
+    def grads(rank):
+        rows = SparseRows(np.array([7, rank, 7, 7], np.int64),
+                          np.array([[1, 2], [10, 20], [100, 200], [1000, 2000]], np.float32) * (rank + 1), 10)
+        return [np.zeros((2, 3), np.float32), rows]
+
+    out = run_ranks(2, lambda rank, comm, scope: comm.all_reduce_grads(LAYOUT, grads(rank), scope))
+    for rank in range(2):
+        rows = out[rank][1]
+        assert rows.rows.tolist() == [0, 7, 1, 7]
+        np.testing.assert_array_equal(rows.values, np.array([[10, 20], [1101, 2202], [20, 40], [2202, 4404]]) / 2.0)
+        assert np.array_equal(rows.values, out[0][1].values)
+
+
 def test_a_worker_out_of_data_ends_every_pass_and_the_step_is_not_applied():
     def body(rank, comm, scope):
         comm.begin_pass(1)
