@@ -56,7 +56,7 @@ def benchmarks(quick):
         # every thread reads batch 1000 in every strategy (Paddle 1.x's set_batch_size): sync and hybrid
         # updates then average 2 x 1000 examples, as in PERSIA's comparison of hybrid with async
         ("distributed_per_thread", ["bench_distributed.py", "--epochs", "1", "--worker_threads", "1",
-                                    "--strategies", "sync,async,hybrid", "--seeds", "1" if quick else "3",
+                                    "--strategies", "sync,async,hybrid,collective", "--seeds", "1" if quick else "3",
                                     "--batch_per_thread", "1000"]),
         # AUC parity on data seen once (no over-fitting): the table of examples/ctr_dnn/README.md
         ("distributed_1m", ["bench_distributed.py", "--lines", "200000" if quick else "1000000", "--epochs", "1",
@@ -497,8 +497,9 @@ def write_report(path, results, args, started):
         table(STRATEGY_HEADER, strategy_rows(results)),
         "",
         "The same with batch 1000 per thread in every strategy (`--batch_per_thread 1000`), as "
-        "`dataset.set_batch_size` means in Paddle 1.x: a sync or hybrid update then averages the 2 workers' "
-        "batches (2,000 examples, half as many updates), an async push is one worker's 1,000. This is how "
+        "`dataset.set_batch_size` means in Paddle 1.x, so one script in every strategy: a sync, hybrid or "
+        "collective update then averages the 2 workers' batches (2,000 examples, half as many updates), an "
+        "async push is one worker's 1,000. This is how "
         "PERSIA compares hybrid with async: the same work per worker step, sync's accuracy at that global "
         "batch. Above, every update averages 1,000 examples in every strategy, so a sync or hybrid worker makes "
         "twice as many steps of half the size as an async one.",
