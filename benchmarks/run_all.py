@@ -53,8 +53,8 @@ def benchmarks(quick):
         # data seen once (no over-fitting), 3 seeds of the initial values
         ("distributed", ["bench_distributed.py", "--epochs", "1", "--worker_threads", "1",
                          "--local_threads", "2,1", "--seeds", "1" if quick else "3"]),
-        # every thread reads batch 1000 in every strategy (Paddle 1.x's set_batch_size): sync and hybrid
-        # updates then average 2 x 1000 examples, as in PERSIA's comparison of hybrid with async
+        # every thread reads batch 1000 in every strategy (Paddle 1.x's set_batch_size): sync, hybrid and
+        # collective updates then average 2 x 1000 examples, as in PERSIA's comparison of hybrid with async
         ("distributed_per_thread", ["bench_distributed.py", "--epochs", "1", "--worker_threads", "1",
                                     "--strategies", "sync,async,hybrid,collective", "--seeds", "1" if quick else "3",
                                     "--batch_per_thread", "1000"]),

@@ -26,7 +26,9 @@ def _plan(mode, endpoint):
         e = layers.sequence_pool(layers.embedding(ids, size=[50, 2], is_sparse=True, param_attr="t"), "sum")
         out = layers.fc(layers.concat([e, x], axis=1), 2, param_attr="w", bias_attr=False)
         optimizer.SGD(0.1).minimize(layers.mean(out))
-    strategy = {"async": DistributedStrategyFactory.create_async_strategy,
+    strategy = {"sync": DistributedStrategyFactory.create_sync_strategy,
+                "async": DistributedStrategyFactory.create_async_strategy,
+                "half_async": DistributedStrategyFactory.create_half_async_strategy,
                 "geo": lambda: DistributedStrategyFactory.create_geo_strategy(4)}[mode]()
     return build_plan(main, strategy, [endpoint], 1)
 

@@ -7,28 +7,13 @@ import numpy as np
 import pytest
 
 import fleet.framework as fw
-from fleet import layers, optimizer
 from fleet.communicator import make_communicator
 from fleet.framework.tensor import SparseRows
-from fleet.transpiler.plan import build_plan
 from fleet.transport import Client, ServerSocket, serving
-from strategies import DistributedStrategyFactory
+from test_communicator_liveness import _plan
 
 FLAGS = {"communicator_send_queue_size": 1, "communicator_max_merge_var_num": 1, "put_timeout_s": 30}
-STRATEGIES = {"sync": DistributedStrategyFactory.create_sync_strategy,
-              "async": DistributedStrategyFactory.create_async_strategy,
-              "half_async": DistributedStrategyFactory.create_half_async_strategy}
-
-
-def _plan(mode, endpoint):
-    main, startup = fw.Program(), fw.Program()
-    with fw.program_guard(main, startup):
-        x = layers.data("x", shape=[4])
-        ids = layers.data("ids", shape=[1], dtype="int64", lod_level=1)
-        e = layers.sequence_pool(layers.embedding(ids, size=[50, 2], is_sparse=True, param_attr="t"), "sum")
-        out = layers.fc(layers.concat([e, x], axis=1), 2, param_attr="w", bias_attr=False)
-        optimizer.SGD(0.1).minimize(layers.mean(out))
-    return build_plan(main, STRATEGIES[mode](), [endpoint], 1)
+MODES = ("async", "half_async", "sync")
 
 
 def _repeated_rows():
@@ -53,7 +38,7 @@ def test_merged_of_no_rows_is_no_rows():
     assert merged.rows.shape == (0,) and merged.values.shape == (0, 4) and merged.unique
 
 
-@pytest.mark.parametrize("mode", sorted(STRATEGIES))
+@pytest.mark.parametrize("mode", MODES)
 def test_the_rows_sent_to_a_server_are_merged(mode):
     plan = _plan(mode, "127.0.0.1:9")
     comm = make_communicator(mode, plan, 0, fw.Scope(), FLAGS, connect=lambda ep: None)
