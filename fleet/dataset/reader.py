@@ -3,6 +3,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -81,8 +82,23 @@ class LineChunks:
             view.release()
 
 
+def pipe_environment(environ=None):
+    """The environment of a pipe command: this process's, with the directory of the
+    running Python first on PATH. A pipe command's ``python`` (``python3``) is then the
+    Python that runs the job, with its packages (``fleet.data_generator`` among them), also
+    when the job's environment was not activated (``venv/bin/fleetrun ...``), as Paddle's
+    pipe commands get the Python of the installation that runs them."""
+    env = dict(os.environ if environ is None else environ)
+    bindir = os.path.dirname(sys.executable)
+    parts = [p for p in env.get("PATH", "").split(os.pathsep) if p]
+    if bindir and parts[:1] != [bindir]:
+        env["PATH"] = os.pathsep.join([bindir] + [p for p in parts if p != bindir])
+    return env
+
+
 class InputStream:
-    """One input of a pass: a file read directly or through ``sh -c pipe_command``.
+    """One input of a pass: a file read directly or through ``sh -c pipe_command``
+    (in :func:`pipe_environment`).
 
     Args:
         path: the file.
@@ -108,7 +124,7 @@ class InputStream:
         try:
             self._proc = subprocess.Popen(
                 ["sh", "-c", pipe_command], stdin=self._stdin, stdout=subprocess.PIPE,
-                stderr=self._stderr, bufsize=0, start_new_session=True)
+                stderr=self._stderr, bufsize=0, start_new_session=True, env=pipe_environment())
         except OSError as e:
             self._stdin.close()
             self._stderr.close()

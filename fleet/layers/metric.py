@@ -35,7 +35,8 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
         input: probabilities [batch, 2] (column 1 is the positive class) or [batch, 1].
         label: int64 [batch, 1], 1 for positive.
         num_thresholds: buckets - 1 (default 4095, i.e. 4096 buckets).
-        slide_steps: batches in the sliding window of the batch AUC.
+        slide_steps: batches in the sliding window of the batch AUC; 0: no window, the
+            batch AUC covers every batch since the start (as Paddle's ``slide_steps=0``).
 
     Returns:
         (auc, batch_auc, [batch_stat_pos, batch_stat_neg, stat_pos, stat_neg]); the four
@@ -47,13 +48,16 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
         raise ConfigError(f"auc curve={curve!r}: only 'ROC' is supported")
     if not isinstance(num_thresholds, int) or num_thresholds < 1:
         raise ConfigError(f"auc num_thresholds={num_thresholds!r} must be a positive int")
-    if not isinstance(slide_steps, int) or slide_steps < 1:
-        raise ConfigError(f"auc slide_steps={slide_steps!r} must be a positive int")
+    if isinstance(slide_steps, bool) or not isinstance(slide_steps, int) or slide_steps < 0:
+        raise ConfigError(f"auc slide_steps={slide_steps!r} must be an int >= 0 (the batches the batch AUC "
+                          "covers; 0: every batch since the start)")
     buckets = num_thresholds + 1
     stat_pos = _state("stat_pos", [buckets])
     stat_neg = _state("stat_neg", [buckets])
-    batch_pos = _state("batch_stat_pos", [slide_steps + 1, buckets])
-    batch_neg = _state("batch_stat_neg", [slide_steps + 1, buckets])
+    # Row 0 counts steps; then one row per batch of the window (0: one row that accumulates).
+    rows = max(slide_steps, 1) + 1
+    batch_pos = _state("batch_stat_pos", [rows, buckets])
+    batch_neg = _state("batch_stat_neg", [rows, buckets])
     auc_out = create_tmp("auc", (1,), "float64", stop_gradient=True)
     batch_auc = create_tmp("auc", (1,), "float64", stop_gradient=True)
     append_op("auc", {"Predict": input, "Label": label, "StatPos": stat_pos, "StatNeg": stat_neg,

@@ -309,6 +309,34 @@ def test_pipe_command_runs_a_python_data_generator_script(tmp_path):
     assert got == sorted([(f32(1.5, 0.375), (2, 2)), (f32(-3, -0.75), (1,)), (f32(8, 2), (3, 3, 3))])
 
 
+def test_a_bare_python_in_a_pipe_command_is_the_python_running_the_job(tmp_path, monkeypatch):
+    # as `venv/bin/fleetrun` started without activating the venv: another Python comes
+    # first on PATH (here one that fails)
+    bindir = os.path.dirname(sys.executable)
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    name = os.path.basename(sys.executable)
+    (decoy / name).write_text("#!/bin/sh\necho not the Python of the job >&2\nexit 7\n")
+    (decoy / name).chmod(0o755)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(decoy), "/usr/bin", "/bin", bindir]))
+    from fleet.dataset.reader import pipe_environment
+    assert pipe_environment()["PATH"].split(os.pathsep) == [bindir, str(decoy), "/usr/bin", "/bin"]
+    assert pipe_environment({"PATH": bindir})["PATH"] == bindir
+    script = tmp_path / "gen.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import fleet.data_generator  # the job's packages
+        for line in sys.stdin:
+            print("1 " + str(int(sys.executable == sys.argv[1])) + " 1 " + line.strip())
+    """))
+    (tmp_path / "raw").write_text("5\n")
+    x, y = Var("x", (-1, 1), "int64", 1), Var("y", (-1, 1), "int64", 1)
+    dataset = queue_dataset([str(tmp_path / "raw")], variables=[x, y], batch_size=8, threads=1)
+    dataset.set_pipe_command(f"{name} {script} {sys.executable}")
+    got = [t for b in drain(dataset._open_pass(1)) for t in as_tuples(b, [x, y])]
+    assert got == [((1,), (5,))]
+
+
 def test_failing_pipe_command_names_command_file_exit_code_and_stderr(tmp_path):
     path = tmp_path / "data.txt"
     path.write_text("1 5\n")

@@ -362,6 +362,15 @@ def test_auc_accumulates_over_batches_and_batch_auc_covers_the_last_slide_steps(
     assert [r[1][0] for r in results] == [1.0, 0.5, 0.0]
 
 
+def test_auc_with_slide_steps_0_gives_a_batch_auc_over_every_batch_since_the_start():
+    exe, auc, batch_auc, states = _auc_program(slide_steps=0)
+    results = [exe.run(feed=b, fetch_list=[auc, batch_auc]) for b in [SEPARABLE, REVERSED, REVERSED]]
+    # the batch AUC of all batches so far (the window of 2 would give 0.0 at the third)
+    assert [r[1][0] for r in results] == [1.0, 0.5, pytest.approx(1 / 3)]
+    assert [r[0][0] for r in results] == [r[1][0] for r in results]
+    assert fleet.global_scope()[states[0].name][0, 0] == 3  # steps counted
+
+
 def test_zeroing_the_auc_state_in_the_scope_resets_the_metric():
     exe, auc, batch_auc, states = _auc_program(slide_steps=3)
     exe.run(feed=REVERSED, fetch_list=[auc])

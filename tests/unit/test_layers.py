@@ -220,8 +220,12 @@ def test_auc_creates_four_zeroed_int64_states_with_4096_buckets():
         assert ops[s.name].type == "fill_constant" and ops[s.name].attr("dtype") == "int64"
     with pytest.raises(ConfigError, match="auc curve='PR': only 'ROC' is supported"):
         layers.auc(p, y, curve="PR")
-    with pytest.raises(ConfigError, match="auc slide_steps=0 must be a positive int"):
-        layers.auc(p, y, slide_steps=0)
+    with pytest.raises(ConfigError, match="auc slide_steps=-1 must be an int >= 0"):
+        layers.auc(p, y, slide_steps=-1)
+    with pytest.raises(ConfigError, match="auc slide_steps=2.0 must be an int >= 0"):
+        layers.auc(p, y, slide_steps=2.0)
+    # Paddle's slide_steps=0: no window, one accumulating row after the step counter's
+    assert [s.shape for s in layers.auc(p, y, slide_steps=0)[2]] == [(2, 4096), (2, 4096), (4096,), (4096,)]
 
 
 # ------------------------------------------------------------------------------- ParamAttr, initializers

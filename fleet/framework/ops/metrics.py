@@ -57,7 +57,8 @@ class Auc(OpDef):
 
     State (persistable, zero to reset): StatPos / StatNeg accumulate every batch since the
     start; BatchStatPos / BatchStatNeg hold the last ``slide_steps`` batches (one row per
-    step, used as a ring) for the sliding-window batch AUC.
+    step, used as a ring) for the sliding-window batch AUC, or with ``slide_steps`` 0 one
+    row that accumulates every batch (the batch AUC then covers them all).
     """
 
     type = "auc"
@@ -82,7 +83,13 @@ class Auc(OpDef):
             slide = win_pos.shape[0] - 1
             group = getattr(ctx.runner, "step_group", None)
             key = ctx.input_name("BatchStatPos")
-            if group is not None and _LAST_GROUP.get(key) == group:
+            if int(ctx.attrs.get("slide_steps", 1)) == 0:
+                # No window: one row accumulates every batch (the parts of a Reduce step too).
+                if group is None or _LAST_GROUP.get(key) != group:
+                    win_pos[0, 0] += 1
+                win_pos[1] += batch_pos
+                win_neg[1] += batch_neg
+            elif group is not None and _LAST_GROUP.get(key) == group:
                 slot = 1 + (int(win_pos[0, 0]) - 1) % slide
                 win_pos[slot] += batch_pos
                 win_neg[slot] += batch_neg
