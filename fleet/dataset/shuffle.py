@@ -1,10 +1,12 @@
 """Shuffles of in-memory examples: local permutation and the exchange between workers.
 
-The fleet object passed by the user offers ``worker_num()``, ``worker_index()`` and
+The fleet object passed by the user (or the ``fleet`` package, which stands for it) offers ``worker_num()``, ``worker_index()`` and
 ``_all_to_all(blobs) -> blobs`` (blobs[j] goes to worker j; returns what each worker
 sent here, in worker order; blocks until every worker called it, with a timeout).
 """
+import importlib
 import struct
+import types
 
 import numpy as np
 
@@ -15,11 +17,16 @@ _COUNT = struct.Struct("<q")
 
 
 def _check_fleet(fleet, what):
+    """The fleet object to exchange through: ``fleet`` itself, or for the ``fleet`` package
+    (a script's ``import fleet``, Paddle's ``from ... import fleet``) the fleet it stands for."""
+    if isinstance(fleet, types.ModuleType) and fleet.__name__ == "fleet":
+        fleet = importlib.import_module("fleet.base").fleet
     for name in ("worker_num", "worker_index", "_all_to_all"):
         if not callable(getattr(fleet, name, None)):
             raise ConfigError(
                 f"{what}(fleet=...) needs the fleet object (it has worker_num, worker_index and "
                 f"an all-to-all exchange); {fleet!r} has no {name}()")
+    return fleet
 
 
 def shuffle_locally(block, rng):
@@ -48,7 +55,7 @@ def shuffle_globally(block, fleet, rng):
         ConfigError: ``fleet`` lacks the methods the exchange needs.
         FleetTimeoutError (from the fleet): a worker did not take part in time.
     """
-    _check_fleet(fleet, "global_shuffle")
+    fleet = _check_fleet(fleet, "global_shuffle")
     workers = int(fleet.worker_num())
     destination = rng.integers(0, workers, size=block.n)
     order = np.argsort(destination, kind="stable")
@@ -67,6 +74,6 @@ def sum_over_workers(count, fleet, what):
     Raises:
         ConfigError: ``fleet`` lacks the methods the exchange needs.
     """
-    _check_fleet(fleet, what)
+    fleet = _check_fleet(fleet, what)
     blob = _COUNT.pack(int(count))
     return sum(_COUNT.unpack(b)[0] for b in fleet._all_to_all([blob] * int(fleet.worker_num())))
