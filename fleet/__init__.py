@@ -24,6 +24,9 @@ _FLEET_METHODS = (
     "load_inference_model", "shrink", "load_model",
 )
 _FLEET_ATTRS = ("main_program", "startup_program")
+# Private calls of the fleet object that the package hands on too, so the package can stand
+# where Paddle scripts pass their fleet object (``dataset.global_shuffle(fleet)``).
+_FLEET_PRIVATE = ("_all_to_all",)
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -77,7 +80,7 @@ _MODEL_SUBMODULES = {"layers", "optimizer", "framework", "dataset", "entries"}
 def __getattr__(name):
     if name in _FLEET_METHODS or name in _FLEET_ATTRS or name in _EXPORTS or name in _MODEL_SUBMODULES:
         importlib.import_module("fleet.local_tables")
-    if name in _FLEET_METHODS or name in _FLEET_ATTRS:
+    if name in _FLEET_METHODS or name in _FLEET_ATTRS or name in _FLEET_PRIVATE:
         return getattr(_singleton(), name)
     if name in _SUBMODULES:
         return importlib.import_module(f"fleet.{name}")

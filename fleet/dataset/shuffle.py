@@ -4,9 +4,7 @@ The fleet object passed by the user (or the ``fleet`` package, which stands for 
 ``_all_to_all(blobs) -> blobs`` (blobs[j] goes to worker j; returns what each worker
 sent here, in worker order; blocks until every worker called it, with a timeout).
 """
-import importlib
 import struct
-import types
 
 import numpy as np
 
@@ -17,10 +15,8 @@ _COUNT = struct.Struct("<q")
 
 
 def _check_fleet(fleet, what):
-    """The fleet object to exchange through: ``fleet`` itself, or for the ``fleet`` package
-    (a script's ``import fleet``, Paddle's ``from ... import fleet``) the fleet it stands for."""
-    if isinstance(fleet, types.ModuleType) and fleet.__name__ == "fleet":
-        fleet = importlib.import_module("fleet.base").fleet
+    """``fleet`` once checked: fleet's object, or the ``fleet`` package (a script's ``import
+    fleet``, for Paddle's ``from ... import fleet``), which hands these calls to it."""
     for name in ("worker_num", "worker_index", "_all_to_all"):
         if not callable(getattr(fleet, name, None)):
             raise ConfigError(
