@@ -116,9 +116,18 @@ def _report_at_exit(runtime):
 
     def report():
         rt = ref()
-        if rt is not None and rt.started and not _uncaught.get("told"):
-            rt.comm.report_failure(_uncaught.get("error") or
-                                   "its script ended without calling fleet.stop_worker()")
+        if rt is None or not rt.started or _uncaught.get("told"):
+            return
+        if getattr(rt, "stops_at_exit", False) and "error" not in _uncaught:
+            # A collective script may end without stop_worker(), as Paddle's do: the
+            # script ended normally, so this is the worker's last round with the others.
+            try:
+                rt.stop_worker()
+            except Exception as e:  # the process is ending: say why the round failed
+                log.error("fleet: %s could not have its last round with the other workers at exit: %s",
+                          rt.comm.who, e)
+            return
+        rt.comm.report_failure(_uncaught.get("error") or "its script ended without calling fleet.stop_worker()")
 
     atexit.register(report)
 
@@ -136,9 +145,16 @@ class CollectiveRuntime:
     the startup program already ran, takes worker 0's initial values; ``stop_worker`` has
     the final round with the others and leaves the group. Saves are local saves of this
     worker's scope (every worker holds the same values; save from one worker).
+
+    A Paddle 1.x collective script calls neither: its startup program joins the workers
+    and broadcasts worker 0's values, and it ends without a stop. So here too: the
+    startup program's broadcast (or else the first training step) joins the group when
+    init_worker() was not called, and a script that ends normally without stop_worker()
+    has its final round at exit.
     """
 
     save_mode = "collective"
+    stops_at_exit = True
 
     def __init__(self, fleet, strategy, main, startup):
         self.fleet = fleet
@@ -151,16 +167,29 @@ class CollectiveRuntime:
         self.comm.who = f"worker {self.worker_id} of {fleet.worker_num()}"
         main.training_hooks = startup.training_hooks = self.comm
         self.comm.set_layout(_allreduce_attrs(main))
+        self.comm.join_implicitly = self._join_implicitly
         self.program, self.startup = main, startup
         self.started = False
+        self._implicit = False
 
     def programs(self):
         return self.program, self.startup
+
+    def _join_implicitly(self, where):
+        """Joins the group at ``where`` when the script did not call init_worker()."""
+        if not self.started:
+            log.info("fleet: %s joins the other workers at %s (fleet.init_worker() was not called; Paddle's "
+                     "collective startup program joins them the same way)", self.comm.who, where)
+            self.init_worker()
+            self._implicit = True
 
     def init_worker(self):
         """Joins the group of workers (bounded); takes worker 0's initial values if the
         startup program ran already (else its last op does)."""
         if self.started:
+            if self._implicit:  # the startup program joined already: nothing left to do
+                self._implicit = False
+                return
             log.warning("fleet: init_worker() was called twice; the worker group is already joined")
             return
         self.comm.start()

@@ -102,6 +102,8 @@ class AllReduceGrads(OpDef):
 
     def forward(self, ctx):
         comm = _collective(ctx, "c_allreduce_grads")
+        if not comm.running and getattr(comm, "join_implicitly", None) is not None:
+            comm.join_implicitly("its first training step")
         if not comm.running:
             raise ConfigError("this worker is not connected to the other workers: call fleet.init_worker() "
                               "before running fleet.main_program")
@@ -112,10 +114,15 @@ class AllReduceGrads(OpDef):
 
 @register_op
 class BroadcastParams(OpDef):
-    """Gives every worker worker 0's values of ``names`` (the startup program's last op);
-    before fleet.init_worker() the communicator does it when the group is joined."""
+    """Gives every worker worker 0's values of ``names`` (the startup program's last op).
+    A collective worker that did not call fleet.init_worker() joins the group here (as
+    Paddle's collective startup program does); a hybrid worker's communicator remembers the
+    broadcast and does it when init_worker() joins the group."""
 
     type = "c_broadcast_params"
 
     def forward(self, ctx):
-        _collective(ctx, "c_broadcast_params").broadcast_params(ctx.scope, ctx.attrs["names"])
+        comm = _collective(ctx, "c_broadcast_params")
+        if not comm.running and getattr(comm, "join_implicitly", None) is not None:
+            comm.join_implicitly("the startup program")
+        comm.broadcast_params(ctx.scope, ctx.attrs["names"])

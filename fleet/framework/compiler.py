@@ -32,6 +32,7 @@ import numpy as np
 from fleet.errors import ConfigError, DataError
 from fleet.framework.hooks import program_to_run
 from fleet.framework.program import Program, Variable, default_main_program
+from fleet.framework.place import CPUPlace, say_on_the_cpu
 from fleet.framework.runner import Runner, batch_size, feed_value, run_combined_step, split_batch
 from fleet.framework.tensor import LoDTensor, SparseRows
 from strategies import BuildStrategy, ExecutionStrategy
@@ -46,14 +47,15 @@ def _compute_part(runner, part):
 
 
 def check_cpu_places(places, fix):
-    """Returns ``places`` (one place or a list) as a non-empty list of CPUPlaces.
+    """Returns ``places`` (one place or a list) as a non-empty list of CPUPlaces (the GPU
+    places of fleet.fluid are CPUPlaces that run on the CPU).
 
     Raises:
         ConfigError: an empty list or a place that is not a CPUPlace; ``fix`` says what
             to pass instead.
     """
     places = list(places) if isinstance(places, (list, tuple)) else [places]
-    if not places or any(type(p).__name__ != "CPUPlace" for p in places):
+    if not places or any(not isinstance(p, CPUPlace) for p in places):
         raise ConfigError(f"places={places!r}: fleet runs on CPUs only; pass {fix}")
     return places
 
@@ -286,7 +288,7 @@ class ParallelExecutor:
     replicas (a ``CompiledProgram`` run by an ``Executor``).
 
     Args:
-        use_cuda: must be False (fleet runs on CPUs).
+        use_cuda: True runs on the CPU too (fleet has no GPU kernels; a warning says so).
         loss_name: the loss variable's name (required to train).
         main_program: the program (default: the default main program).
         share_vars_from: another ParallelExecutor (parameters are shared in any case).
@@ -295,14 +297,14 @@ class ParallelExecutor:
         scope: where parameters live (default: the global scope).
 
     Raises:
-        ConfigError: use_cuda=True, num_trainers > 1, or a bad strategy.
+        ConfigError: num_trainers > 1, or a bad strategy.
         TypeError: share_vars_from is not a ParallelExecutor (Paddle's message).
     """
 
     def __init__(self, use_cuda, loss_name=None, main_program=None, share_vars_from=None,
                  exec_strategy=None, build_strategy=None, num_trainers=1, trainer_id=0, scope=None):
         if use_cuda:
-            raise ConfigError("ParallelExecutor(use_cuda=True): fleet runs on CPUs only; pass use_cuda=False")
+            say_on_the_cpu("ParallelExecutor(use_cuda=True)")
         if num_trainers != 1 or trainer_id != 0:
             raise ConfigError(f"ParallelExecutor(num_trainers={num_trainers}, trainer_id={trainer_id}) is "
                               f"Paddle's NCCL2 (GPU) mode, which fleet does not run; train across "

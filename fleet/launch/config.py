@@ -290,7 +290,8 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
         variables of this process (PADDLE_TRAINER_ENDPOINTS left out in an elastic job
         across hosts, whose slots' hosts change) (none in local training; in a collective job
         PADDLE_TRAINING_ROLE=TRAINER, PADDLE_TRAINER_ENDPOINTS, PADDLE_CURRENT_ENDPOINT,
-        PADDLE_TRAINER_ID and PADDLE_TRAINERS_NUM, no TRAINING_ROLE).
+        PADDLE_TRAINER_ID and PADDLE_TRAINERS_NUM, no TRAINING_ROLE; and, unless set already,
+        FLAGS_selected_gpus: the worker's rank on its host, as Paddle's launcher sets it).
 
     Raises:
         ConfigError: role is not "server" or "worker", or index is out of range.
@@ -322,6 +323,10 @@ def process_environment(config: LaunchConfig, role: str, index: int, base=None) 
             "PADDLE_TRAINER_ID": str(index),
             "PADDLE_TRAINERS_NUM": str(len(config.worker_endpoints)),
         })
+        # Paddle's launcher gives each collective worker its GPU; a GPU script reads it
+        # for fluid.CUDAPlace (which runs on the CPU here): the worker's rank on this host.
+        here = config.here("worker")
+        env.setdefault("FLAGS_selected_gpus", str(here.index(index) if index in here else 0))
         _common_environment(config, env, role, index, host)
         return env
     env.update({

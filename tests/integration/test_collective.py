@@ -171,3 +171,19 @@ def test_hybrid_ctr_dnn_keeps_dense_identical_and_auc_close_to_sync(procs, tmp_p
     assert all(checks), logs[0][-2000:]
     assert checks[0].groups() == checks[1].groups() and int(checks[0][1]) >= 6  # the fc layers' w and b
     assert auc["sync"] > 0.7 and abs(auc["hybrid"] - auc["sync"]) < 0.02, auc
+
+
+def test_a_paddle_collective_script_runs_unchanged_on_cuda_places_without_init_or_stop(fleetrun, tmp_path):
+    """Its startup program joins the workers and gives them worker 0's initial values (their
+    seeds differ), training keeps them identical, and the script's end is a clean end."""
+    script = os.path.join(os.path.dirname(SCRIPT), "paddle_collective.py")
+    result = fleetrun("--collective", "--worker_num", 2, "--log_dir", tmp_path / "log", script, tmp_path, timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = [dict(np.load(tmp_path / f"params.{i}.npz")) for i in range(2)]
+    for name in got[0]:
+        assert np.array_equal(got[0][name], got[1][name]), name
+    for i in range(2):
+        with open(tmp_path / "log" / f"workerlog.{i}") as f:
+            log = f.read()
+        assert f"worker {i} of 2 joins the other workers at the startup program" in log, log[-2000:]
+        assert f"fluid.CUDAPlace({i}): fleet has no GPU kernels" in log

@@ -24,7 +24,7 @@ def _model():
 
 
 @pytest.mark.parametrize("strategy", [CollectiveStrategy(), None, "nccl2"])
-def test_minimize_adds_the_all_reduce_before_the_updates_and_the_broadcast_last(strategy):
+def test_minimize_adds_the_all_reduce_before_the_updates_and_the_broadcast_last(strategy, monkeypatch):
     fleet.init(UserDefinedCollectiveRoleMaker(1, WORKERS))
     if strategy == "nccl2":
         strategy = DistributeTranspilerConfig()
@@ -40,12 +40,19 @@ def test_minimize_adds_the_all_reduce_before_the_updates_and_the_broadcast_last(
                                                                 "fc_0.b_0": False}
     assert fleet.startup_program.global_block().ops[-1].type == "c_broadcast_params"
     assert fleet.main_program is main  # changed in place, as Paddle's collective transpiler does
-    exe = fleet.Executor()
-    exe.run(fleet.startup_program)  # before init_worker, its broadcast waits for the group
-    assert fleet.main_program.training_hooks._pending_broadcast is not None
-    with pytest.raises(ConfigError, match="this worker is not connected to the other workers: call "
-                                          "fleet.init_worker\\(\\)"):
-        exe.run(fleet.main_program, feed={"x": [[1.0, 2.0, 3.0]], "ids": [[1]]})
+    # Without init_worker(), the startup program joins the workers (as Paddle's collective
+    # startup program does); here the join is recorded instead of opening sockets.
+    comm = fleet.main_program.training_hooks
+    joined = []
+    monkeypatch.setattr(comm, "start", lambda: (joined.append("start"), setattr(comm, "running", True)))
+    monkeypatch.setattr(comm, "stop", lambda: joined.append("stop"))
+    fleet.Executor().run(fleet.startup_program)
+    assert joined == ["start"]
+    assert comm._pending_broadcast is not None  # the recorded join made no group: done when there is one
+    fleet.init_worker()  # after the startup program joined: nothing more
+    assert joined == ["start"]
+    fleet.stop_worker()
+    assert joined == ["start", "stop"]
 
 
 def test_a_collective_job_refuses_server_strategies_and_servers_refuse_collective():

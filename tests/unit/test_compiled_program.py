@@ -147,8 +147,10 @@ def test_data_parallel_errors_name_the_value_and_the_fix(monkeypatch):
         fluid.CompiledProgram(main).with_data_parallel(loss.name, share_vars_from=fluid.CompiledProgram(main))
     with pytest.raises(ConfigError, match=r"fleet runs on CPUs only; pass \[fluid.CPUPlace\(\)\] \* n"):
         fluid.CompiledProgram(main).with_data_parallel(loss.name, places=["gpu:0"])
-    with pytest.raises(ConfigError, match="use_cuda=True"):
-        fluid.ParallelExecutor(use_cuda=True, loss_name=loss.name, main_program=main)
+    # a GPU script's ParallelExecutor and places run on the CPU
+    assert fluid.ParallelExecutor(use_cuda=True, loss_name=loss.name, main_program=main) is not None
+    gpu = fluid.CompiledProgram(main).with_data_parallel(loss.name, places=fluid.cuda_places([0, 1]))
+    assert gpu.replica_count() == 2
     with pytest.raises(TypeError, match="expected Graph or Program"):
         fluid.CompiledProgram("main")
     compiled.close()

@@ -4,6 +4,7 @@ planning and errors (its processes: tests/integration/test_fluid_transpiler.py).
 import importlib
 import os
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -51,8 +52,6 @@ def test_unknown_names_point_at_the_porting_table():
         fluid.dygraph
     with pytest.raises(AttributeError, match=r"`import role_makers as role_maker`.*Import map"):
         fluid.incubate
-    with pytest.raises(ConfigError, match=r"fluid.CUDAPlace\(0\): fleet runs on CPUs only"):
-        fluid.CUDAPlace(0)
     assert fluid.is_compiled_with_cuda() is False
     assert len(fluid.cpu_places(3)) == 3
 
@@ -291,3 +290,30 @@ def test_save_params_on_a_worker_names_a_table_the_servers_hold(tmp_path):
             fluid.io.save_params(exe, str(tmp_path / "p"), worker)
         saved = fluid.io.save_vars(exe, str(tmp_path / "v"), worker, vars=["fc_0.w_0"])
     assert os.path.isfile(os.path.join(saved, "fc_0.w_0"))
+
+
+def test_gpu_places_run_on_the_cpu_with_one_warning_per_process(monkeypatch, caplog):
+    from fleet.framework import place
+    monkeypatch.setattr(place, "_said", threading.Event())
+    with caplog.at_level(logging.WARNING, logger="fleet"):
+        gpu = fluid.CUDAPlace(1)
+        fluid.CUDAPlace(0)
+        fluid.CUDAPinnedPlace()
+    assert isinstance(gpu, fluid.CPUPlace) and gpu.device_id == 1 and repr(gpu) == "CUDAPlace(1) on the CPU"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("fluid.CUDAPlace(1): fleet has no GPU kernels; this "
+                                                         "process computes on its CPUs")
+    monkeypatch.setenv("FLAGS_selected_gpus", "0,3")
+    assert [p.device_id for p in fluid.cuda_places()] == [0, 3]
+    assert [p.device_id for p in fluid.cuda_places(2)] == [2]
+    monkeypatch.delenv("FLAGS_selected_gpus")
+    assert [p.device_id for p in fluid.cuda_places()] == [0]
+    with pytest.raises(ConfigError, match=r"fluid.CUDAPlace\(-1\): the device id -1 must be an int >= 0"):
+        fluid.CUDAPlace(-1)
+    with pytest.raises(ConfigError, match=r"the device id '0' must be an int >= 0"):
+        fluid.CUDAPlace("0")
+    monkeypatch.setenv("FLAGS_selected_gpus", "gpu0")
+    with pytest.raises(ConfigError, match="FLAGS_selected_gpus='gpu0' must be comma-separated device ids"):
+        fluid.cuda_places()
+    exe = fluid.Executor(gpu)  # an Executor on a GPU place runs on the CPU
+    assert exe is not None

@@ -25,6 +25,10 @@ def test_collective_job_has_workers_only_with_the_collective_variables():
         "PADDLE_TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ENDPOINTS": ",".join(config.worker_endpoints),
         "PADDLE_CURRENT_ENDPOINT": "127.0.0.1:7102", "PADDLE_TRAINER_ID": "2", "PADDLE_TRAINERS_NUM": "3"}
     assert env["HOME"] == "/h"
+    assert env["FLAGS_selected_gpus"] == "2"  # its rank on this host, for a GPU script's CUDAPlace
+    assert process_environment(config, "worker", 1, base={"FLAGS_selected_gpus": "5"})["FLAGS_selected_gpus"] == "5"
+    assert "FLAGS_selected_gpus" not in process_environment(_config("--worker_num", "2", "--server_num", "1"),
+                                                            "worker", 1, base={})
     assert len(_config("--collective").worker_endpoints) == 2  # the default
 
 
