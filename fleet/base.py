@@ -531,7 +531,7 @@ class Fleet:
         meta["chain"] = new_link(mode, meta["save_id"], dirname, parent, parent_dir)
         arrays = {}
         for name in self._persistable_names(program):
-            value = scope.find_var(name)
+            value = scope.value(name)
             if value is not None and name not in from_tables:  # a local table is saved from its snapshot
                 arrays[name] = value
         meta.update(mode=getattr(self._runtime, "save_mode", "local"), program_vars=sorted(arrays),
@@ -608,13 +608,13 @@ class Fleet:
         scope = global_scope()
         scattered = {n: _scatter_by_id(dirname, n, _id_keyed(n, saved), scope) for n in by_id}
         for name, value in values.items():
-            current = scope.find_var(name)
+            current = scope.value(name)
             if current is not None and getattr(current, "shape", None) == value.shape:
                 current[...] = value
             else:
                 scope[name] = value
         for name, value in scattered.items():
-            scope.find_var(name)[...] = value
+            scope.value(name)[...] = value
         if delta_only:
             table_saves.apply_local_delta(fio.VarsReader(dirname), tables)
         else:
@@ -790,7 +790,7 @@ def _id_keyed(name, saved):
 
 def _scatter_by_id(dirname, name, table, scope):
     """The local value of ``name`` with the rows a distributed save holds put in place."""
-    current = scope.find_var(name)
+    current = scope.value(name)
     if current is None or getattr(current, "ndim", 0) != 2:
         raise ConfigError(f"{name!r} must exist as a [rows, width] table before loading {dirname!r} into it; "
                           f"run the startup program first")

@@ -72,7 +72,7 @@ def _value(x, what, metric, scope):
     """The numpy value of an argument: an array (or number), a variable name or a Variable."""
     name = x.name if isinstance(x, Variable) else x if isinstance(x, str) else None
     if name is not None:
-        found = scope.find_var(name)
+        found = scope.value(name)
         if found is None:
             raise ConfigError(f"fleet.metrics.{metric}: {what} names variable {name!r}, which is not in the "
                               f"scope; run the program that computes it first (exe.run(fleet.startup_program) "

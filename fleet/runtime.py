@@ -428,7 +428,7 @@ class WorkerRuntime:
             with fio.VarsWriter(dirname, meta, filename) as writer:
                 for v in program.list_vars():
                     if v.persistable and not v.is_data and v.name not in held:
-                        value = scope.find_var(v.name)
+                        value = scope.value(v.name)
                         if value is not None:
                             writer.add(v.name, np.asarray(value))
                 tables = write_server_params(writer, self.comm, self.plan.params.values(), with_state=with_state,
@@ -528,7 +528,7 @@ class WorkerRuntime:
                 saved_table = name.endswith(("@ids", "@values")) and name.rsplit("@", 1)[0] in tables
                 if name in self.plan.params or saved_table:
                     continue
-                value = scope.find_var(name)
+                value = scope.value(name)
                 if value is None:
                     raise ConfigError(f"cannot save the inference model: {name!r} has no value on this "
                                       f"worker; run the startup program first")
@@ -585,7 +585,7 @@ class WorkerRuntime:
 def _assign(scope, values):
     """Puts loaded values into ``scope``, in place where an array of that shape exists."""
     for name, value in values.items():
-        current = scope.find_var(name)
+        current = scope.value(name)
         if isinstance(current, np.ndarray) and current.shape == value.shape and current.dtype == value.dtype:
             current[...] = value
         else:
@@ -618,7 +618,7 @@ class ServerRuntime:
         block.ops[:] = [op for op in block.ops if set(op.output_arg_names) & needed]
         scope = Scope()
         Executor().run(program, scope=scope)
-        missing = [n for n in needed if scope.find_var(n) is None]
+        missing = [n for n in needed if scope.value(n) is None]
         if missing:
             raise ConfigError(f"server {self.endpoint}: the startup program does not initialize {missing}")
         return {n: scope[n] for n in needed}

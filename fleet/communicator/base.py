@@ -255,7 +255,7 @@ class Communicator(CommunicatorAPI):
     def _write_blocks(self, names, arrays):
         for name, value in zip(names, arrays):
             pplan, block = self._block_by_name(name)
-            target = self.scope.find_var(pplan.name)
+            target = self.scope.value(pplan.name)
             if target is None:
                 target = np.empty(pplan.shape, dtype=np.float32)
                 self.scope[pplan.name] = target

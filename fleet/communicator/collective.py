@@ -219,7 +219,7 @@ class GroupSteps:
         """CRC32 of the all-reduced parameters' values in this worker's scope."""
         crc = 0
         for name in self.layout["params"]:
-            value = self._scope.find_var(name) if self._scope is not None else None
+            value = self._scope.value(name) if self._scope is not None else None
             if isinstance(value, np.ndarray):
                 crc = zlib.crc32(np.ascontiguousarray(value).view(np.uint8), crc)
         return crc
@@ -280,7 +280,7 @@ class GroupSteps:
             self.rounds += 1
             return reduced
         for name, step in layout.get("undo_increments", ()):
-            counter = scope.find_var(name)
+            counter = scope.value(name)
             if isinstance(counter, np.ndarray):
                 counter -= np.asarray(step).astype(counter.dtype)
         failed = [r for r, f in enumerate(flags) if f == FAILED]
@@ -310,7 +310,7 @@ class GroupSteps:
             return
         groups = {}
         for name in names:
-            value = scope.find_var(name)
+            value = scope.value(name)
             if not isinstance(value, np.ndarray):
                 continue
             dtype = value.dtype if value.dtype.type in _WIRE_DTYPES else np.dtype(np.int32 if value.dtype.kind in "bui"

@@ -91,7 +91,7 @@ def save_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
     held = runtime.server_held() if runtime is not None else set()
     arrays = {}
     for name in names:
-        value = scope.find_var(name)
+        value = scope.value(name)
         if value is None and name in held:
             raise ConfigError(f"cannot save {name!r} from this worker: it lives on the servers; "
                               f"fluid.io.save_persistables(exe, dirname, program) pulls it whole")
@@ -144,7 +144,7 @@ def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
     values = fio.read_vars(dirname, names)
     scope = global_scope()
     for name, value in values.items():
-        current = scope.find_var(name)
+        current = scope.value(name)
         if isinstance(current, np.ndarray) and current.shape == value.shape:
             current[...] = value
         else:

@@ -42,7 +42,7 @@ class OpContext:
     def _raw(self, name):
         value = self.local.get(name)
         if value is None:
-            value = self.scope.find_var(name)
+            value = self.scope.value(name)
         return value
 
     def _get(self, name):

@@ -188,7 +188,7 @@ def save_inference_model(dirname, feeded_var_names, target_vars, main_program, s
     model_file, params_file = file_names(model_filename, params_filename)
     scope = global_scope() if scope is None else scope
     names = [] if program_only else persistable_names(program)
-    missing = [n for n in names if scope.find_var(n) is None]
+    missing = [n for n in names if scope.value(n) is None]
     if missing:
         raise ConfigError(f"cannot save the inference model: {missing[:5]} have no value in the scope; "
                           f"run the startup program (and train) first")
@@ -197,7 +197,7 @@ def save_inference_model(dirname, feeded_var_names, target_vars, main_program, s
     with fio.VarsWriter(dirname, extra, filename=params_file) as writer:
         writer.add_file(model_file, serialize_program(program))
         for name in names:
-            writer.add(name, np.asarray(scope.find_var(name)))
+            writer.add(name, np.asarray(scope.value(name)))
     return fetch_names
 
 

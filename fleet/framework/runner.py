@@ -71,7 +71,7 @@ class Runner:
 
     def value(self, name):
         value = self.local.get(name)
-        return self.scope.find_var(name) if value is None else value
+        return self.scope.value(name) if value is None else value
 
 
 def feed_value(var, value):

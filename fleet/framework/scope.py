@@ -3,7 +3,9 @@
 ``global_scope()`` holds parameters and other persistable state; training threads run in
 child scopes whose temporaries are private while lookups fall through to the parent.
 Values are numpy arrays (or ``SparseRows`` / ``LoDTensor``), and the array in the scope is
-the live one: writing into it in place changes the parameter.
+the live one: writing into it in place changes the parameter. ``scope[name]`` and
+``value(name)`` give it as it is; ``find_var(name)`` and ``var(name)`` (Paddle's calls) as a
+view that also has Paddle's tensor methods (``ScopeTensor``).
 
 Thread-safety: reads and writes of distinct names from several threads are safe (dict
 operations are atomic under the GIL); creating and dropping child scopes is locked.
@@ -11,7 +13,53 @@ operations are atomic under the GIL); creating and dropping child scopes is lock
 import contextlib
 import threading
 
+import numpy as np
+
 from fleet.errors import ConfigError
+
+
+class ScopeTensor(np.ndarray):
+    """A variable's array as ``Scope.find_var`` and ``Scope.var`` give it: a view of the
+    live array (writing into it changes the variable) that also answers what Paddle scripts
+    call on a variable and its tensor: ``get_tensor()`` (itself), ``set(array, place)`` and
+    ``_get_dims()``; ``np.array(...)`` copies it as in Paddle. Arithmetic on it gives plain
+    arrays."""
+
+    def __array_finalize__(self, obj):
+        self._owner = getattr(obj, "_owner", None)
+        self._name = getattr(obj, "_name", None)
+
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        if return_scalar:
+            return array[()]
+        return array.view(np.ndarray)
+
+    def get_tensor(self):
+        """Paddle's ``Variable.get_tensor()``: this same array."""
+        return self
+
+    def _get_dims(self):
+        """Paddle's ``LoDTensor._get_dims()``: the shape as a list."""
+        return list(self.shape)
+
+    def set(self, array, place=None):
+        """Paddle's ``LoDTensor.set(array, place)``: the variable's value becomes a copy of
+        ``array`` (``place`` is accepted: everything is on the CPU). Of this array's shape
+        and dtype it is written in place; otherwise the scope gets the copy, and this array
+        is no longer the variable's (find it again).
+
+        Raises:
+            ConfigError: the shape or dtype differs and this array is not a scope variable's.
+        """
+        value = np.array(array, copy=True)
+        if value.shape == self.shape and value.dtype == self.dtype:
+            self[...] = value
+            return
+        if self._owner is None or self._name is None:
+            raise ConfigError(f"set(): an array of shape {value.shape} and dtype {value.dtype} cannot replace this "
+                              f"one ({self.shape}, {self.dtype}): it is not a scope variable's array; "
+                              "use scope.find_var(name).set(...)")
+        self._owner.vars[self._name] = value
 
 
 class Scope:
@@ -34,8 +82,8 @@ class Scope:
             self.trained_examples += int(examples)
             self.trained_steps += 1
 
-    def find_var(self, name):
-        """Returns the value of ``name`` here or in an ancestor, or None."""
+    def value(self, name):
+        """Returns the value of ``name`` here or in an ancestor (the live object), or None."""
         scope = self
         while scope is not None:
             value = scope.vars.get(name)
@@ -43,6 +91,33 @@ class Scope:
                 return value
             scope = scope.parent
         return None
+
+    def find_var(self, name):
+        """Paddle's ``Scope.find_var``: the value of ``name`` here or in an ancestor, or
+        None. An array comes as a :class:`ScopeTensor`, a view of the live array (write
+        into it to change the variable) with Paddle's ``get_tensor()``, ``set()`` and
+        ``_get_dims()``; other values (SparseRows, LoDTensor) as they are."""
+        scope = self
+        while scope is not None:
+            value = scope.vars.get(name)
+            if value is not None:
+                if type(value) is not np.ndarray:
+                    return value
+                view = value.view(ScopeTensor)
+                view._owner, view._name = scope, name
+                return view
+            scope = scope.parent
+        return None
+
+    def var(self, name):
+        """Paddle's ``Scope.var``: ``find_var(name)``, creating the variable here first (an
+        empty float32 array, for ``.set(array, place)`` to give a value) when it does not
+        exist."""
+        if not isinstance(name, str):
+            raise ConfigError(f"scope variable names are str, got {name!r}")
+        if self.value(name) is None:
+            self.vars[name] = np.zeros(0, np.float32)
+        return self.find_var(name)
 
     def owner_of(self, name):
         """Returns the scope (this or an ancestor) that holds ``name``, or None."""
@@ -65,7 +140,7 @@ class Scope:
             self._kids.clear()
 
     def __getitem__(self, name):
-        value = self.find_var(name)
+        value = self.value(name)
         if value is None:
             raise KeyError(
                 f"{name!r} is not in the scope; run the startup program first "
@@ -82,7 +157,7 @@ class Scope:
         del self.vars[name]
 
     def __contains__(self, name):
-        return self.find_var(name) is not None
+        return self.value(name) is not None
 
     def keys(self):
         names = set()

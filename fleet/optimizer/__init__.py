@@ -55,7 +55,7 @@ class Optimizer:
         """
         if not isinstance(self._learning_rate, Variable):
             return self._learning_rate
-        value = global_scope().find_var(self._learning_rate.name)
+        value = global_scope().value(self._learning_rate.name)
         if value is None:
             raise ConfigError(f"learning rate {self._learning_rate.name!r} has no value yet: run the startup "
                               f"program and a step of the main program first")

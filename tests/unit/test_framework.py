@@ -382,6 +382,52 @@ def test_zeroing_the_auc_state_in_the_scope_resets_the_metric():
     assert a[0] == 1.0 and b[0] == 1.0
 
 
+def test_paddles_scope_idioms_read_and_reset_the_auc_state():
+    """np.array(scope.find_var(name).get_tensor()) reads a copy; Paddle's set_zero
+    (scope.var(name).get_tensor(), _get_dims(), set(array, place)) resets the metric."""
+    exe, auc, batch_auc, states = _auc_program(slide_steps=3)
+    exe.run(feed=REVERSED, fetch_list=[auc])
+    scope = fleet.global_scope()
+    stat_pos = np.array(scope.find_var(states[2].name).get_tensor())
+    assert type(stat_pos) is np.ndarray and stat_pos.sum() == 3  # the 3 positives
+    stat_pos[...] = 0  # a copy: the state keeps its counts
+    assert scope[states[2].name].sum() == 3
+    for var in states:
+        param = scope.var(var.name).get_tensor()
+        param.set(np.zeros(param._get_dims()).astype("int64"), fleet.CPUPlace())
+        assert not scope[var.name].any() and scope[var.name].dtype == np.int64
+    a, b = exe.run(feed=SEPARABLE, fetch_list=[auc, batch_auc])
+    assert a[0] == 1.0 and b[0] == 1.0
+
+
+def test_scope_find_var_gives_the_live_array_with_paddles_tensor_calls():
+    scope = fw.Scope()
+    scope["w"] = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert scope.find_var("missing") is None
+    w = scope.find_var("w")
+    assert w.get_tensor() is w and w._get_dims() == [2, 3]
+    assert type(w * 2) is np.ndarray and type(np.asarray(w)) is np.ndarray  # results are plain arrays
+    w[0, 0] = 7  # the live array
+    assert scope["w"][0, 0] == 7
+    w.set(np.array([[1, 1, 1], [2, 2, 2]], np.float32), None)  # same shape and dtype: in place
+    assert scope["w"].tolist() == [[1, 1, 1], [2, 2, 2]] and w.tolist() == [[1, 1, 1], [2, 2, 2]]
+    assert scope["w"] is scope.vars["w"] and np.shares_memory(w, scope["w"])
+    w.set([[3, 3, 3], [4, 4, 4]], None)  # int64 values: the variable takes their dtype, as in Paddle
+    assert scope["w"].dtype == np.int64 and scope["w"].tolist() == [[3, 3, 3], [4, 4, 4]]
+    w.set(np.ones(4, np.int64), None)  # another shape: the scope gets the new value
+    assert scope["w"].tolist() == [1, 1, 1, 1] and scope["w"].dtype == np.int64
+    child = scope.new_scope()
+    child.find_var("w").set(np.zeros(2), None)  # replaced where it lives, not in the child
+    assert scope["w"].tolist() == [0.0, 0.0] and "w" not in child.vars
+    created = scope.var("new")
+    assert created.shape == (0,) and "new" in scope
+    created.set(np.full(3, 2.5, np.float32), None)
+    assert scope["new"].tolist() == [2.5, 2.5, 2.5]
+    with pytest.raises(ConfigError, match=r"set\(\): an array of shape \(2,\) and dtype float64 cannot replace "
+                                          r"this one \(\(3,\), float32\): it is not a scope variable's array"):
+        (scope.find_var("new") + 1).view(type(w)).set(np.zeros(2), None)
+
+
 def test_auc_state_is_persistable_int64_and_not_a_parameter():
     _, _, _, states = _auc_program()
     for var in states:

@@ -4,8 +4,8 @@ AUC statistics the save carried, and runs the test lines batch by batch. Prints 
 line {"auc", "loss" (mean per example), "examples"}.
 
 Where it differs from the Paddle script: the AUC statistics are the program's ``auc.*``
-variables (Paddle's ``_generated_var_N``) and a variable's array is zeroed in place
-(Paddle: ``scope.var(name).get_tensor().set``).
+variables (Paddle's ``_generated_var_N``); they are zeroed as Paddle's ``set_zero`` does
+(``scope.var(name).get_tensor()``, ``_get_dims()``, ``set(array, place)``).
 """
 import json
 import os
@@ -42,6 +42,12 @@ def _feed(rows):
     return feed
 
 
+def set_zero(var_name, scope=fluid.global_scope(), place=fluid.CPUPlace(), param_type="int64"):
+    param = scope.var(var_name).get_tensor()
+    param_array = np.zeros(param._get_dims()).astype(param_type)
+    param.set(param_array, place)
+
+
 def run_infer(params, model_path):
     place = fluid.CPUPlace()
     inference_scope = fluid.Scope()
@@ -55,7 +61,7 @@ def run_infer(params, model_path):
         fluid.io.load_persistables(executor=exe, dirname=model_path, main_program=test_program)
         for var in test_program.list_vars():
             if var.persistable and var.name.startswith("auc."):
-                inference_scope.find_var(var.name)[...] = 0
+                set_zero(var.name, scope=inference_scope, place=place)
         files = sorted(os.path.join(params.test_files_path, x) for x in os.listdir(params.test_files_path))
         losses, examples, auc_val = [], 0, None
         for feed in batches(files, params.batch_size):
