@@ -117,7 +117,7 @@ def save_persistables(executor, dirname, main_program=None, filename=None):
     if runtime is not None:
         meta = {"kind": "persistables"}
         return runtime.save_persistables(dirname, program, meta, filename)
-    return Fleet().save_persistables(executor, dirname, program, filename)
+    return Fleet().save_persistables(executor, dirname, program, filename=filename)
 
 
 def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, filename=None):

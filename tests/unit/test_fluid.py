@@ -67,6 +67,8 @@ def test_io_saves_and_loads_params_vars_and_persistables(tmp_path):
         moments = [v.name for v in main.list_vars() if v.persistable and "moment1" in v.name]
         fluid.io.save_params(exe, str(tmp_path / "params"), main)
         fluid.io.save_persistables(exe, str(tmp_path / "all"), main, filename="all.bin")
+        fluid.io.save_persistables(exe, str(tmp_path / "files"), main)  # one file per variable
+        assert set(params) | set(moments) <= set(os.listdir(tmp_path / "files"))
         fluid.io.save_vars(exe, str(tmp_path / "some"), main, vars=[moments[0]])
         saved_moment = np.array(scope[moments[0]])
         exe.run(main, feed=FEED, fetch_list=[loss])  # move everything on
@@ -77,6 +79,7 @@ def test_io_saves_and_loads_params_vars_and_persistables(tmp_path):
             == [moments[0]]
         np.testing.assert_array_equal(scope[moments[0]], saved_moment)
         assert moments[0] in fluid.io.load_persistables(exe, str(tmp_path / "all"), main, filename="all.bin")
+        assert moments[0] in fluid.io.load_persistables(exe, str(tmp_path / "files"), main)
         with pytest.raises(ConfigError, match=r"lacks \['fc_0.w_0'"):
             fluid.io.load_vars(exe, str(tmp_path / "some"), main, vars=["fc_0.w_0"])
         with pytest.raises(ConfigError, match="it was saved with filename='all.bin'"):
