@@ -7,11 +7,14 @@ Configure a dataset from one thread; passes it opens may be consumed from many.
 """
 import operator
 import os
+import shlex
 
 import numpy as np
 
+from fleet.dataset.block import ExampleBlock
 from fleet.dataset.memory import Loader, MemorySource
 from fleet.dataset.pipeline import PassConfig, StreamSource
+from fleet.dataset.reader import DEFAULT_FS_COMMAND, is_remote
 from fleet.dataset.shuffle import shuffle_globally, shuffle_locally, sum_over_workers
 from fleet.dataset.slots import check_criteo_layout, slots_from_vars
 from fleet.errors import ConfigError
@@ -50,6 +53,8 @@ class DatasetBase:
         self._data_format = "multislot"
         self._hash_dim = DEFAULT_HASH_DIM
         self._skip_bad_lines = False
+        self._fs_command = DEFAULT_FS_COMMAND
+        self._download_cmd = None
 
     def set_use_var(self, var_list):
         """Declares the variables each line fills, in order (one slot each).
@@ -96,6 +101,35 @@ class DatasetBase:
         if not isinstance(pipe_command, str) or not pipe_command.strip():
             raise ConfigError(f"pipe_command must be a non-empty shell command, got {pipe_command!r}")
         self._pipe_command = pipe_command
+
+    def set_hdfs_config(self, fs_name, fs_ugi):
+        """Where files named ``hdfs:...`` or ``afs:...`` are read from, as in Paddle: such a
+        file is read by ``hadoop fs -D fs.default.name=<fs_name> -D hadoop.job.ugi=<fs_ugi>
+        -text "<file>"`` (the Hadoop client must be on PATH), unless set_download_cmd
+        gives another command. Local files are read as they are.
+
+        Raises:
+            ConfigError: fs_name or fs_ugi is not a str.
+        """
+        for what, value in (("fs_name", fs_name), ("fs_ugi", fs_ugi)):
+            if not isinstance(value, str):
+                raise ConfigError(f"set_hdfs_config {what} must be a str, got {value!r}")
+        options = "".join(f" -D {key}={shlex.quote(value)}" for key, value in
+                          (("fs.default.name", fs_name), ("hadoop.job.ugi", fs_ugi)) if value)
+        self._fs_command = DEFAULT_FS_COMMAND + options
+
+    def set_download_cmd(self, download_cmd):
+        """Reads each ``hdfs:...`` / ``afs:...`` file through ``sh -c '<download_cmd>
+        "<file>"'`` (its stdout is the file's text; Paddle's customized download command,
+        e.g. a client of your storage) instead of ``hadoop fs -text``. The pipe command,
+        if any, gets that text. A command that exits non-zero fails the pass, naming it.
+
+        Raises:
+            ConfigError: not a non-empty str.
+        """
+        if not isinstance(download_cmd, str) or not download_cmd.strip():
+            raise ConfigError(f"download_cmd must be a non-empty shell command, got {download_cmd!r}")
+        self._download_cmd = download_cmd
 
     def set_queue_num(self, queue_num):
         """Capacity, in batches, of the queue between producers and training threads.
@@ -179,7 +213,7 @@ class DatasetBase:
         if self._filelist is None:
             raise ConfigError("the dataset has no files; call set_filelist(files) first")
         for path in self._filelist:
-            if not os.path.isfile(path):
+            if not is_remote(path) and not os.path.isfile(path):
                 raise ConfigError(
                     f"dataset file {path!r} does not exist or is not a file (working directory "
                     f"{os.getcwd()!r}); fix the list given to set_filelist")
@@ -187,7 +221,8 @@ class DatasetBase:
             check_criteo_layout(self._slots)
         return PassConfig(self._slots, self._batch_size, self._filelist, self._pipe_command,
                           self._data_format, self._hash_dim, self._skip_bad_lines,
-                          threads or self.thread_num)
+                          threads or self.thread_num, fs_command=self._fs_command,
+                          download_cmd=self._download_cmd)
 
 
 _SPLIT_HINT = ("give every worker at least one file (fleet.split_files(files) gives a worker none when there "
@@ -289,6 +324,98 @@ class InMemoryDataset(DatasetBase):
         self._shuffles = 0
         self._shuffled = 0
         self._loading_files = self._loaded_files = []
+        self._fea_eval_size = None  # set_fea_eval's record_candidate_size, None: off
+        self._before_slots_shuffle = None  # the examples as loaded or shuffled, for slots_shuffle
+        self._fleet_send_batch_size = None
+        self._fleet_send_sleep_seconds = 0
+
+    def set_fea_eval(self, record_candidate_size, fea_eval=True):
+        """Turns on (or off) Paddle's feature evaluation: ``slots_shuffle`` then shuffles
+        a slot's values within pools of ``record_candidate_size`` consecutive examples.
+
+        Raises:
+            ConfigError: record_candidate_size is not a positive int or fea_eval not a bool.
+        """
+        size = _positive_int(record_candidate_size, "record_candidate_size")
+        if not isinstance(fea_eval, bool):
+            raise ConfigError(f"set_fea_eval fea_eval must be True or False, got {fea_eval!r}")
+        self._fea_eval_size = size if fea_eval else None
+
+    def slots_shuffle(self, slots):
+        """Shuffles the values of each slot named in ``slots`` between the examples in
+        memory (each slot on its own, within pools of set_fea_eval's size), leaving the
+        other slots and the labels where they are: a pass's metric then shows how much the
+        model relies on those slots (Paddle's feature importance evaluation). Every call
+        starts from the examples as loaded or last shuffled by local/global_shuffle, so
+        slots are evaluated one call at a time. Reproducible after set_shuffle_seed.
+
+        Raises:
+            ConfigError: set_fea_eval(size, True) was not called, nothing is loaded, or a
+                name is not one of set_use_var's variables.
+        """
+        if self._fea_eval_size is None:
+            raise ConfigError("slots_shuffle needs feature evaluation on: call "
+                              "set_fea_eval(record_candidate_size, True) first")
+        if isinstance(slots, str) or not isinstance(slots, (list, tuple, set, frozenset)):
+            raise ConfigError(f"slots_shuffle takes a list of slot (variable) names, got {slots!r}")
+        self._loaded("slots_shuffle")
+        names = [slot.name for slot in self._block_slots]
+        unknown = sorted(str(n) for n in slots if n not in names)
+        if unknown:
+            raise ConfigError(f"slots_shuffle: {unknown} are not slots of this dataset; its slots are {names}")
+        if self._before_slots_shuffle is None:
+            self._before_slots_shuffle = self._block
+        base = self._before_slots_shuffle
+        rng = self._rng()
+        columns = list(base.columns)
+        for i, name in enumerate(names):
+            if name not in slots:
+                continue
+            order = np.arange(base.n, dtype=np.int64)
+            for start in range(0, base.n, self._fea_eval_size):
+                end = min(start + self._fea_eval_size, base.n)
+                order[start:end] = start + rng.permutation(end - start)
+            columns[i] = ExampleBlock(base.n, [columns[i]]).take(order).columns[0]
+        self._block = ExampleBlock(base.n, columns)
+
+    def set_fleet_send_batch_size(self, fleet_send_batch_size=1024):
+        """Paddle's examples per message of global_shuffle's sender; accepted for
+        compatibility: fleet's global_shuffle sends each worker's share in one all-to-all.
+
+        Raises:
+            ConfigError: not a positive int.
+        """
+        self._fleet_send_batch_size = _positive_int(fleet_send_batch_size, "fleet_send_batch_size")
+
+    def set_fleet_send_sleep_seconds(self, fleet_send_sleep_seconds=0):
+        """Paddle's pause between global_shuffle's messages; accepted for compatibility
+        (fleet's global_shuffle sends one all-to-all, with nothing to pause between).
+
+        Raises:
+            ConfigError: not an int >= 0.
+        """
+        if isinstance(fleet_send_sleep_seconds, bool) or not isinstance(fleet_send_sleep_seconds, int) \
+                or fleet_send_sleep_seconds < 0:
+            raise ConfigError(f"fleet_send_sleep_seconds must be an int >= 0, got {fleet_send_sleep_seconds!r}")
+        self._fleet_send_sleep_seconds = fleet_send_sleep_seconds
+
+    def set_parse_ins_id(self, parse_ins_id):
+        """Paddle's instance ids at the start of each line: fleet's MultiSlot lines have
+        none, so only False (Paddle's default) is accepted.
+
+        Raises:
+            ConfigError: True.
+        """
+        _only_false(parse_ins_id, "set_parse_ins_id", "lines that start with an instance id")
+
+    def set_parse_content(self, parse_content):
+        """Paddle's content field after the instance id: only False (the default) is
+        accepted, as set_parse_ins_id.
+
+        Raises:
+            ConfigError: True.
+        """
+        _only_false(parse_content, "set_parse_content", "lines with a content field")
 
     def set_shuffle_seed(self, seed):
         """Makes local_shuffle and global_shuffle reproducible (None: fresh randomness).
@@ -347,6 +474,7 @@ class InMemoryDataset(DatasetBase):
             raise ConfigError("no preload is running; call preload_into_memory() first")
         loader, self._loader = self._loader, None
         self._block, self._load_report = loader.wait(timeout)
+        self._before_slots_shuffle = None
         self._block_slots = loader.slots
         self._loaded_files = self._loading_files
         self._shuffled = 0
@@ -361,6 +489,7 @@ class InMemoryDataset(DatasetBase):
     def local_shuffle(self):
         """Permutes the examples in memory (reproducibly after set_shuffle_seed)."""
         self._block = shuffle_locally(self._loaded("local_shuffle"), self._rng())
+        self._before_slots_shuffle = None
         self._shuffled = self._block.n
 
     def global_shuffle(self, fleet=None, thread_num=12):
@@ -381,11 +510,12 @@ class InMemoryDataset(DatasetBase):
             return
         rng = self._rng(int(fleet.worker_index()) + 1)
         self._block = shuffle_globally(block, fleet, rng)
+        self._before_slots_shuffle = None
         self._shuffled = self._block.n
 
     def release_memory(self):
         """Drops the examples in memory."""
-        self._block = None
+        self._block = self._before_slots_shuffle = None
         self._load_report = None
         self._shuffled = 0
 
@@ -421,6 +551,14 @@ class InMemoryDataset(DatasetBase):
         """A pass over the examples in memory, in their current order; see QueueDataset."""
         block = self._loaded("train_from_dataset")
         return MemorySource(block, self._block_slots, self._batch_size, self._load_report)
+
+
+def _only_false(value, what, feature):
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} takes True or False, got {value!r}")
+    if value:
+        raise ConfigError(f"{what}(True): fleet's datasets do not read {feature}; leave it False (Paddle's "
+                          "default) and give lines of slots only")
 
 
 class DatasetFactory:

@@ -13,7 +13,7 @@ import time
 
 from fleet.dataset.block import ExampleBlock
 from fleet.dataset.parsers import BadLines, CriteoParser, MultiSlotParser
-from fleet.dataset.reader import CHUNK_BYTES, InputStream, kill_process_group
+from fleet.dataset.reader import CHUNK_BYTES, DEFAULT_FS_COMMAND, InputStream, kill_process_group, source_command
 from fleet.errors import FleetTimeoutError
 from fleet.logs import WaitLog
 
@@ -27,10 +27,11 @@ class PassConfig:
     """What a pass reads, frozen when it starts (setters called later do not affect it)."""
 
     __slots__ = ("slots", "batch_size", "files", "pipe_command", "data_format", "hash_dim",
-                 "skip_bad_lines", "threads", "chunk_bytes")
+                 "skip_bad_lines", "threads", "chunk_bytes", "fs_command", "download_cmd")
 
     def __init__(self, slots, batch_size, files, pipe_command, data_format, hash_dim,
-                 skip_bad_lines, threads, chunk_bytes=CHUNK_BYTES):
+                 skip_bad_lines, threads, chunk_bytes=CHUNK_BYTES, fs_command=DEFAULT_FS_COMMAND,
+                 download_cmd=None):
         self.slots = list(slots)
         self.batch_size = batch_size
         self.files = list(files)
@@ -40,6 +41,8 @@ class PassConfig:
         self.skip_bad_lines = skip_bad_lines
         self.threads = threads
         self.chunk_bytes = chunk_bytes
+        self.fs_command = fs_command      # how remote files are read (set_hdfs_config)
+        self.download_cmd = download_cmd  # or this command (set_download_cmd)
 
     def make_parser(self):
         if self.data_format == "criteo":
@@ -163,7 +166,9 @@ class Producers:
                 self._on_done(self)
 
     def _read(self, name, index, path, parser, sink):
-        stream = InputStream(path, self.config.pipe_command, on_spawn=self._register)
+        cfg = self.config
+        stream = InputStream(path, cfg.pipe_command, on_spawn=self._register,
+                             source=source_command(path, cfg.fs_command, cfg.download_cmd))
         try:
             chunks = stream.chunks(self.config.chunk_bytes)
             line_base = 0
@@ -190,7 +195,7 @@ class Producers:
         finally:
             stream.close()
             with self._lock:
-                self._procs.discard(stream.proc)
+                self._procs.difference_update(stream.procs)
 
     def log_summary(self, what):
         """Logs the end of a pass: counts, and bad lines skipped with the first one."""

@@ -1,6 +1,7 @@
 """Reading one input (a file, or a file through a pipe command) as chunks of whole lines."""
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -96,59 +97,99 @@ def pipe_environment(environ=None):
     return env
 
 
+REMOTE_PREFIXES = ("hdfs:", "afs:")
+DEFAULT_FS_COMMAND = "hadoop fs"
+
+
+def is_remote(path):
+    """True for a file on HDFS or AFS (``hdfs:...``, ``afs:...``), read through a command."""
+    return path.startswith(REMOTE_PREFIXES)
+
+
+def source_command(path, fs_command=DEFAULT_FS_COMMAND, download_cmd=None):
+    """The shell command that writes the text of ``path`` on its stdout, or None for a
+    local file read as it is. As Paddle's readers: a remote file through
+    ``download_cmd "path"`` (``set_download_cmd``) or else ``<fs_command> -text "path"``
+    (``hadoop fs``, with ``set_hdfs_config``'s ``-D fs.default.name=... -D
+    hadoop.job.ugi=...``); a local ``.gz`` file through ``gzip -dc``."""
+    quoted = shlex.quote(path)
+    if is_remote(path):
+        return f"{download_cmd} {quoted}" if download_cmd else f"{fs_command or DEFAULT_FS_COMMAND} -text {quoted}"
+    if path.endswith(".gz"):
+        return f"gzip -dc {quoted}"
+    return None
+
+
 class InputStream:
     """One input of a pass: a file read directly or through ``sh -c pipe_command``
-    (in :func:`pipe_environment`).
+    (in :func:`pipe_environment`), its text coming from the file itself or from its
+    source command (:func:`source_command`; a separate process, so its failure is
+    reported even when the pipe command succeeds).
 
     Args:
         path: the file.
         pipe_command: None to read the file itself, else a shell command that gets the
             file on stdin and writes the text to parse on stdout.
-        on_spawn: callable(Popen) called right after the command starts (so the owner can
-            kill it on close), or None.
+        on_spawn: callable(Popen) called right after each command starts (so the owner
+            can kill it on close), or None.
+        source: the source command, or None to open ``path``.
 
     Not thread-safe: owned by one producer thread.
     """
 
-    def __init__(self, path, pipe_command=None, on_spawn=None):
+    def __init__(self, path, pipe_command=None, on_spawn=None, source=None):
         self.path = path
         self.pipe_command = pipe_command
+        self.source = source
         self._proc = None
+        self._source_proc = None
         self._stderr = None
+        self._source_stderr = None
         self._stdin = None
-        if pipe_command is None:
-            self._stream = open(path, "rb", buffering=0)
-            return
-        self._stdin = open(path, "rb")
-        self._stderr = tempfile.TemporaryFile()
         try:
-            self._proc = subprocess.Popen(
-                ["sh", "-c", pipe_command], stdin=self._stdin, stdout=subprocess.PIPE,
-                stderr=self._stderr, bufsize=0, start_new_session=True, env=pipe_environment())
-        except OSError as e:
-            self._stdin.close()
-            self._stderr.close()
-            raise DataError(f"pipe command {pipe_command!r} could not start for file "
-                            f"{path!r}: {e}") from e
+            if source is not None:
+                self._source_stderr = tempfile.TemporaryFile()
+                self._source_proc = self._start(source, subprocess.DEVNULL, self._source_stderr, "source command")
+                if on_spawn is not None:
+                    on_spawn(self._source_proc)
+                self._stdin = self._source_proc.stdout
+            if pipe_command is None:
+                self._stream = self._stdin if self._stdin is not None else open(path, "rb", buffering=0)
+                return
+            if self._stdin is None:
+                self._stdin = open(path, "rb")
+            self._stderr = tempfile.TemporaryFile()
+            self._proc = self._start(pipe_command, self._stdin, self._stderr, "pipe command")
+        except BaseException:
+            self.close()
+            raise
         self._stream = self._proc.stdout
         if on_spawn is not None:
             on_spawn(self._proc)
 
+    def _start(self, command, stdin, stderr, what):
+        try:
+            return subprocess.Popen(["sh", "-c", command], stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
+                                    bufsize=0, start_new_session=True, env=pipe_environment())
+        except OSError as e:
+            raise DataError(f"{what} {command!r} could not start for file {self.path!r}: {e}") from e
+
     @property
-    def proc(self):
-        """The pipe command's Popen, or None when the file is read directly."""
-        return self._proc
+    def procs(self):
+        """The Popens of its commands (none when the file is read directly)."""
+        return [p for p in (self._source_proc, self._proc) if p is not None]
 
     def where(self, line):
         """Names line ``line`` (1-based) of this input for messages."""
-        if self.pipe_command is None:
+        if self.pipe_command is None and self.source is None:
             return f"file {self.path!r}, line {line}"
-        return (f"file {self.path!r} through pipe command {self.pipe_command!r}, "
-                f"output line {line}")
+        through = " and ".join(f"{what} {command!r}" for what, command in
+                               (("source command", self.source), ("pipe command", self.pipe_command)) if command)
+        return f"file {self.path!r} through {through}, output line {line}"
 
     def chunks(self, chunk_bytes=CHUNK_BYTES):
         """A LineChunks reader of this input."""
-        return LineChunks(self._stream, chunk_bytes, is_pipe=self._proc is not None)
+        return LineChunks(self._stream, chunk_bytes, is_pipe=self._proc is not None or self._source_proc is not None)
 
     def finish(self, timeout=30.0):
         """Waits for the pipe command after its output ended and checks its exit code.
@@ -158,40 +199,49 @@ class InputStream:
                 end of its stderr), or it still ran ``timeout`` seconds after closing its
                 output (it is killed).
         """
-        if self._proc is None:
-            return
-        try:
-            code = self._proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_process_group(self._proc)
-            code = self._proc.wait()
-            raise DataError(
-                f"pipe command {self.pipe_command!r} on file {self.path!r} closed its output "
-                f"but did not exit within {timeout:g}s; it was killed") from None
-        if code != 0:
-            raise DataError(
-                f"pipe command {self.pipe_command!r} failed on file {self.path!r} with exit "
-                f"code {code}; end of its stderr: {self._stderr_tail()!r}")
-
-    def _stderr_tail(self):
-        self._stderr.flush()
-        size = self._stderr.seek(0, os.SEEK_END)
-        self._stderr.seek(max(0, size - _STDERR_TAIL))
-        return self._stderr.read().decode("utf-8", "replace").strip()
+        # The source first: a pipe command that failed because its input was cut short
+        # says less than the source command's own failure.
+        for proc, command, what, stderr in ((self._source_proc, self.source, "source command", self._source_stderr),
+                                            (self._proc, self.pipe_command, "pipe command", self._stderr)):
+            if proc is None:
+                continue
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_process_group(proc)
+                code = proc.wait()
+                raise DataError(
+                    f"{what} {command!r} on file {self.path!r} closed its output "
+                    f"but did not exit within {timeout:g}s; it was killed") from None
+            if code != 0:
+                raise DataError(
+                    f"{what} {command!r} failed on file {self.path!r} with exit "
+                    f"code {code}; end of its stderr: {_tail(stderr)!r}")
 
     def close(self):
-        """Closes the input; kills the pipe command if it still runs. Never blocks long."""
-        if self._proc is not None and self._proc.poll() is None:
-            kill_process_group(self._proc)
-        self._stream.close()
-        if self._proc is not None:
+        """Closes the input; kills its commands if they still run. Never blocks long."""
+        procs = [p for p in (self._proc, self._source_proc) if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                kill_process_group(proc)
+        stream = getattr(self, "_stream", None)
+        if stream is not None:
+            stream.close()
+        for proc in procs:
             try:
-                self._proc.wait(timeout=5.0)
+                proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 pass
-        for f in (self._stdin, self._stderr):
+        for f in (self._stdin, self._stderr, self._source_stderr):
             if f is not None:
                 f.close()
+
+
+def _tail(stderr):
+    stderr.flush()
+    size = stderr.seek(0, os.SEEK_END)
+    stderr.seek(max(0, size - _STDERR_TAIL))
+    return stderr.read().decode("utf-8", "replace").strip()
 
 
 def kill_process_group(proc):

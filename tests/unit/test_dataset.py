@@ -337,6 +337,64 @@ def test_a_bare_python_in_a_pipe_command_is_the_python_running_the_job(tmp_path,
     assert got == [((1,), (5,))]
 
 
+def _fake_hadoop(tmp_path, monkeypatch):
+    """A `hadoop` on PATH that logs its arguments and serves hdfs://NAME from tmp_path/NAME."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "hadoop").write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$@" >> {tmp_path}/hadoop.log
+        for last; do :; done
+        exec cat "{tmp_path}/${{last#hdfs://}}"
+    """))
+    (bindir / "hadoop").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path / "hadoop.log"
+
+
+def test_hdfs_files_are_read_through_hadoop_fs_text_with_the_hdfs_config(tmp_path, monkeypatch):
+    examples = make_examples(40, seed=8)
+    files = write_files(tmp_path, examples, parts=2)
+    log = _fake_hadoop(tmp_path, monkeypatch)
+    remote = ["hdfs://" + os.path.basename(f) for f in files]
+    dataset = queue_dataset(remote, threads=2)
+    dataset.set_hdfs_config("hdfs://namenode:9000", "user,passwd")
+    dataset.set_pipe_command("cat")  # the pipe command gets the downloaded text
+    got = [t for b in drain(dataset._open_pass(1)) for t in as_tuples(b)]
+    assert sorted(got) == sorted(expected_tuples(examples))
+    assert sorted(log.read_text().splitlines()) == [
+        f"fs -D fs.default.name=hdfs://namenode:9000 -D hadoop.job.ugi=user,passwd -text {r}" for r in remote]
+
+
+def test_a_download_command_reads_remote_files_and_its_failure_is_named(tmp_path, monkeypatch):
+    examples = make_examples(20, seed=9)
+    files = write_files(tmp_path, examples, parts=1)
+    _fake_hadoop(tmp_path, monkeypatch)
+    dataset = queue_dataset(["afs://x/" + os.path.basename(files[0])], threads=1)
+    dataset.set_download_cmd(f"sh -c 'cat {tmp_path}/${{0##*/}}'")
+    got = [t for b in drain(dataset._open_pass(1)) for t in as_tuples(b)]
+    assert sorted(got) == sorted(expected_tuples(examples))
+    dataset.set_download_cmd("sh -c 'echo no such file >&2; exit 4'")
+    dataset.set_pipe_command("cat")  # succeeds on the empty text: the source's failure still counts
+    with pytest.raises(DataError, match=r"source command .* failed on file 'afs://x/part-000' with exit code 4; end "
+                                        r"of its stderr: 'no such file'"):
+        drain(dataset._open_pass(1))
+    with pytest.raises(ConfigError, match="download_cmd must be a non-empty shell command, got ''"):
+        dataset.set_download_cmd("")
+    with pytest.raises(ConfigError, match="set_hdfs_config fs_ugi must be a str, got None"):
+        dataset.set_hdfs_config("hdfs://nn", None)
+
+
+def test_gz_files_are_read_decompressed(tmp_path):
+    import gzip
+    examples = make_examples(30, seed=10)
+    (path,) = write_files(tmp_path, examples, parts=1)
+    with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
+        g.write(f.read())
+    got = [t for b in drain(queue_dataset([path + ".gz"], threads=1)._open_pass(1)) for t in as_tuples(b)]
+    assert sorted(got) == sorted(expected_tuples(examples))
+
+
 def test_failing_pipe_command_names_command_file_exit_code_and_stderr(tmp_path):
     path = tmp_path / "data.txt"
     path.write_text("1 5\n")

@@ -264,3 +264,63 @@ def test_blocks_survive_serialization_for_the_exchange():
         assert (o1 is None and o2 is None) or np.array_equal(o1, o2)
     with pytest.raises(DataError, match="starts with b'JUNK', not b'FLDB'"):
         ExampleBlock.from_bytes(b"JUNK" + bytes(8))
+
+
+def _pass_rows(dataset):
+    """Per example of one pass: (x[0], the id sequence, label), in order."""
+    source = dataset._open_pass(1)
+    rows = []
+    while (batch := source.get(TIMEOUT)) is not None:
+        ids = batch["ids"]
+        for i in range(len(batch["label"])):
+            rows.append((float(batch["x"][i, 0]), tuple(ids.values[ids.offsets[i]:ids.offsets[i + 1]].tolist()),
+                         int(batch["label"][i, 0])))
+    source.close()
+    return rows
+
+
+def test_slots_shuffle_moves_one_slots_values_between_examples_within_pools(tmp_path):
+    dataset = in_memory(write_files(tmp_path, 40, parts=2), seed=4)
+    dataset.load_into_memory()
+    before = _pass_rows(dataset)
+    with pytest.raises(ConfigError, match=r"slots_shuffle needs feature evaluation on: call "
+                                          r"set_fea_eval\(record_candidate_size, True\) first"):
+        dataset.slots_shuffle(["ids"])
+    dataset.set_fea_eval(10, True)
+    dataset.slots_shuffle(["ids"])
+    after = _pass_rows(dataset)
+    assert [(x, y) for x, _, y in after] == [(x, y) for x, _, y in before]  # other slots stay
+    assert [s for _, s, _ in after] != [s for _, s, _ in before]             # this one moved ...
+    for pool in range(4):                                                     # ... within its pool of 10
+        assert sorted(s for _, s, _ in after[pool * 10:(pool + 1) * 10]) == \
+            sorted(s for _, s, _ in before[pool * 10:(pool + 1) * 10])
+    dataset.slots_shuffle(["x"])  # starts again from the unshuffled examples
+    again = _pass_rows(dataset)
+    assert [s for _, s, _ in again] == [s for _, s, _ in before]
+    assert sorted(x for x, _, _ in again) == sorted(x for x, _, _ in before) and \
+        [x for x, _, _ in again] != [x for x, _, _ in before]
+    with pytest.raises(ConfigError, match=r"slots_shuffle: \['nope'\] are not slots of this dataset; its slots "
+                                          r"are \['x', 'ids', 'label'\]"):
+        dataset.slots_shuffle(["nope"])
+    dataset.set_fea_eval(10, False)
+    with pytest.raises(ConfigError, match="slots_shuffle needs feature evaluation on"):
+        dataset.slots_shuffle(["x"])
+
+
+def test_paddles_in_memory_settings_are_accepted_or_refused_with_the_reason(tmp_path):
+    dataset = in_memory(write_files(tmp_path, 4, parts=1))
+    dataset.set_fleet_send_batch_size(1024)
+    dataset.set_fleet_send_sleep_seconds(0)
+    dataset.set_parse_ins_id(False)
+    dataset.set_parse_content(False)
+    with pytest.raises(ConfigError, match=r"set_parse_ins_id\(True\): fleet's datasets do not read lines that start "
+                                          r"with an instance id; leave it False"):
+        dataset.set_parse_ins_id(True)
+    with pytest.raises(ConfigError, match="fleet_send_batch_size must be a positive int, got 0"):
+        dataset.set_fleet_send_batch_size(0)
+    with pytest.raises(ConfigError, match="fleet_send_sleep_seconds must be an int >= 0, got -1"):
+        dataset.set_fleet_send_sleep_seconds(-1)
+    with pytest.raises(ConfigError, match="record_candidate_size must be a positive int, got 0"):
+        dataset.set_fea_eval(0)
+    dataset.load_into_memory()
+    assert dataset.get_memory_data_size() == 4
