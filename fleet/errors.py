@@ -12,6 +12,12 @@ class FleetError(Exception):
     """Base class of every fleet error."""
 
 
+class EOFException(FleetError):
+    """A started non-iterable reader (``fluid.io.PyReader`` / ``DataLoader.from_generator(
+    iterable=False)``) has no batch left: ``exe.run`` raises it (Paddle's
+    ``fluid.core.EOFException``); call the reader's ``reset()`` before starting it again."""
+
+
 class ConfigError(FleetError, ValueError):
     """A setting (strategy, config, argument) has a value fleet cannot use."""
 

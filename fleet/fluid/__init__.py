@@ -34,6 +34,7 @@ _SUBMODULES = {
     "data_feeder": "fleet.fluid.data_feeder",
     "dataset": "fleet.dataset",
     "backward": "fleet.framework.backward",
+    "core": "fleet.fluid.core",
 }
 
 # fluid attribute -> (fleet module, attribute there)
@@ -79,8 +80,6 @@ _ELSEWHERE = {
     "incubate": "the incubate Fleet API is fleet's own packages: `import fleet` (the fleet "
                 "singleton), `import role_makers as role_maker`, `from strategies import "
                 "StrategyFactory`, `from fleet import data_generator`",
-    "core": "fleet has no C++ core module: fluid.LoDTensor, fluid.CPUPlace and "
-            "fluid.create_lod_tensor are the tensor and place names it has",
 }
 
 __all__ = sorted(set(_SUBMODULES) | set(_NAMES))

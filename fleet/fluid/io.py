@@ -11,22 +11,23 @@ A distributed trainer's program (``fleet.main_program``, or
 ``fleet.save_persistables`` does: parameters pulled whole from the servers.
 """
 import os
+import threading
 
 import numpy as np
 
 from fleet.base import Fleet, check_saved_filename
-from fleet.errors import ConfigError, DataError
+from fleet.errors import ConfigError, DataError, EOFException
 from fleet.framework import inference
 from fleet.framework import io as fio
 from fleet.framework.compiler import check_cpu_places
-from fleet.framework.executor import Executor
+from fleet.framework.executor import Executor, start_reader, stop_reader
 from fleet.framework.program import Parameter, Program, Variable, default_main_program
 from fleet.framework.scope import global_scope
 from fleet.fluid import input as _input_ops  # noqa: F401  (a saved program may hold one_hot_v2)
 
 __all__ = ["save_vars", "save_params", "save_persistables", "load_vars", "load_params",
            "load_persistables", "save_inference_model", "load_inference_model", "is_parameter",
-           "is_persistable", "DataLoader"]
+           "is_persistable", "DataLoader", "PyReader"]
 
 
 def is_parameter(var):
@@ -234,7 +235,7 @@ def _origin(program):
 
 
 class DataLoader:
-    """Paddle 1.8's ``fluid.io.DataLoader``: ``from_generator`` in iterable mode."""
+    """Paddle 1.8's ``fluid.io.DataLoader``: ``from_generator``, iterable or not."""
 
     @staticmethod
     def from_generator(feed_list=None, capacity=None, use_double_buffer=True, iterable=True, return_list=False,
@@ -251,32 +252,41 @@ class DataLoader:
         when ``drop_last``): ``exe.run`` takes a one-dict list for a Program and one dict
         per replica for a data-parallel CompiledProgram.
 
+        With ``iterable=False`` (Paddle's start / reset mode) the loop does not feed::
+
+            loader.start()
+            try:
+                while True:
+                    exe.run(program, fetch_list=[loss])   # takes the loader's next batch
+            except fluid.core.EOFException:
+                loader.reset()
+
+        ``exe.run`` without a feed takes the next item of the newest started loader
+        whose inputs the program has, and raises ``fluid.core.EOFException`` when there
+        is none left.
+
         Args:
             feed_list: the input Variables, in the order a sample lists its values.
             capacity: batches Paddle buffers ahead (an int > 0); fleet makes each batch
                 when the loop asks for it, in the loop's thread, so nothing is buffered.
             use_double_buffer, use_multiprocess: accepted (no device copies to overlap).
-            iterable: must be True (the start() / reset() mode reads data inside
-                ``exe.run`` through reader ops, which fleet programs do not have).
+            iterable: False for the start() / reset() mode above.
             return_list: must be False (lists of arrays are for Paddle's dygraph mode).
             drop_last: see above.
 
         Raises:
-            ConfigError: iterable=False, return_list=True, no feed_list, or a capacity
-                that is not a positive int.
+            ConfigError: return_list=True, no feed_list, or a capacity that is not a
+                positive int.
         """
         return GeneratorLoader(feed_list, capacity, iterable, return_list, drop_last)
 
 
 class GeneratorLoader:
     """What ``DataLoader.from_generator`` returns (see there). Iterate it (``loader()`` or
-    ``loader``) from one thread at a time."""
+    ``loader``), or with iterable=False start() it and run without a feed, from one thread
+    at a time."""
 
     def __init__(self, feed_list, capacity, iterable, return_list, drop_last):
-        if not iterable:
-            raise ConfigError("DataLoader.from_generator(iterable=False): fleet loaders are iterable only; "
-                              "pass iterable=True and feed each batch: for data in loader(): exe.run(prog, "
-                              "feed=data)")
         if return_list:
             raise ConfigError("DataLoader.from_generator(return_list=True) gives lists of arrays for dygraph "
                               "mode, which fleet does not have; pass return_list=False (feed dicts)")
@@ -293,6 +303,56 @@ class GeneratorLoader:
         self._drop_last = bool(drop_last)
         self._batches = None
         self._places = 1
+        self._iterable = bool(iterable)
+        self._running = None  # between start() and reset(): the iterator of items, or the end
+        self._lock = threading.Lock()
+
+    @property
+    def feed_names(self):
+        """The names of the inputs it feeds."""
+        return list(self._names)
+
+    def start(self):
+        """Starts a non-iterable loader: until reset(), ``exe.run`` without a feed takes its
+        next batch (and raises fluid.core.EOFException after the last).
+
+        Raises:
+            ConfigError: the loader is iterable, has no data, or was started and not reset.
+        """
+        if self._iterable:
+            raise ConfigError("start() is for a loader made with iterable=False; iterate this one: for data in "
+                              "loader(): exe.run(program, feed=data)")
+        with self._lock:
+            if self._running is not None:
+                raise ConfigError("this loader was started already; call reset() after its EOFException (or "
+                                  "to stop early) before start()")
+            self._running = iter(self)
+        start_reader(self)
+
+    def reset(self):
+        """Stops a non-iterable loader (after its EOFException, or early): ``exe.run``
+        without a feed no longer reads it; start() reads the data again from the start."""
+        stop_reader(self)
+        with self._lock:
+            running, self._running = self._running, None
+        close = getattr(running, "close", None)
+        if close is not None:
+            close()
+
+    def next_feed(self):
+        """The next item of a started loader (one dict, or one per place).
+
+        Raises:
+            fluid.core.EOFException: no item is left (call reset()).
+        """
+        with self._lock:
+            if self._running is None:
+                raise ConfigError("this loader is not started; call start() first")
+            item = next(self._running, None)
+        if item is None:
+            raise EOFException("There is no next data: the loader's generator is exhausted; call reset() "
+                               "(then start() to read it again)")
+        return item if len(item) > 1 else item[0]
 
     def _set(self, batches, places):
         if places is not None:
@@ -342,6 +402,9 @@ class GeneratorLoader:
         return self._set(batches, places)
 
     def __call__(self):
+        if not self._iterable:
+            raise ConfigError("this loader was made with iterable=False: call start(), run the program without a "
+                              "feed until fluid.core.EOFException, then reset()")
         return iter(self)
 
     def __iter__(self):
@@ -356,3 +419,23 @@ class GeneratorLoader:
                 group = []
         if group and not self._drop_last:
             yield group
+
+
+class PyReader(GeneratorLoader):
+    """Paddle 1.x's ``fluid.io.PyReader(feed_list, capacity, use_double_buffer, iterable,
+    return_list)``: a DataLoader.from_generator with PyReader's method names
+    (``decorate_sample_generator``, ``decorate_sample_list_generator``,
+    ``decorate_batch_generator``); iterable by default, start() / reset() with
+    iterable=False (see DataLoader.from_generator)."""
+
+    def __init__(self, feed_list=None, capacity=None, use_double_buffer=True, iterable=True, return_list=False):
+        super().__init__(feed_list, capacity, iterable, return_list, drop_last=True)
+
+    def decorate_sample_generator(self, sample_generator, batch_size, drop_last=True, places=None):
+        return self.set_sample_generator(sample_generator, batch_size, drop_last, places)
+
+    def decorate_sample_list_generator(self, reader, places=None):
+        return self.set_sample_list_generator(reader, places)
+
+    def decorate_batch_generator(self, reader, places=None):
+        return self.set_batch_generator(reader, places)

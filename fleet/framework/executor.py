@@ -38,6 +38,40 @@ def _examples_in(feed):
     return 0
 
 
+# Non-iterable readers between start() and reset() (``fluid.io.PyReader`` and
+# ``DataLoader.from_generator(iterable=False)``), newest last: ``Executor.run`` without a
+# feed takes the next batch of the newest one whose inputs the program has.
+_started_readers = []
+_readers_lock = threading.Lock()
+
+
+def start_reader(reader):
+    """Registers a started non-iterable reader: it has ``feed_names`` and ``next_feed()``
+    (the next feed: a dict, or a list of one dict per place; raises EOFException at the
+    end)."""
+    with _readers_lock:
+        if reader not in _started_readers:
+            _started_readers.append(reader)
+
+
+def stop_reader(reader):
+    """Unregisters a reader (its reset())."""
+    with _readers_lock:
+        if reader in _started_readers:
+            _started_readers.remove(reader)
+
+
+def _next_from_reader(program):
+    inner = getattr(program, "program", program)  # a CompiledProgram's
+    block = inner.global_block() if isinstance(inner, Program) else None
+    with _readers_lock:
+        readers = list(reversed(_started_readers))
+    for reader in readers:
+        if block is not None and all(name in block.vars for name in reader.feed_names):
+            return reader.next_feed()
+    return None
+
+
 class Executor:
     """Runs programs (Paddle's ``fluid.Executor``; the place argument is accepted and ignored:
     fleet runs on CPUs)."""
@@ -106,6 +140,8 @@ class Executor:
             raise ConfigError("this Executor was closed; create a new fleet.Executor()")
         program = default_main_program() if program is None else program
         scope = global_scope() if scope is None else scope
+        if not feed and _started_readers:
+            feed = _next_from_reader(program)
         if isinstance(program, CompiledProgram):
             self._note_closing(program.program)
             if program._is_data_parallel:

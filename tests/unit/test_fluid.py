@@ -238,14 +238,68 @@ def test_data_loader_feeds_batches_to_a_program_and_per_place_to_a_compiled_one(
         with pytest.raises(DataError, match=r"feed is a list of 2 dicts \(one per place\) but the program is not"):
             exe.run(main, feed=next(iter(pairs)))
         compiled.close()
-    with pytest.raises(ConfigError, match="fleet loaders are iterable only"):
-        fluid.io.DataLoader.from_generator(feed_list=[x], iterable=False)
     with pytest.raises(ConfigError, match="The capacity must be greater than 0"):
         fluid.io.DataLoader.from_generator(feed_list=[x], capacity=0)
     batch_loader = fluid.io.DataLoader.from_generator(feed_list=[x, y])
     batch_loader.set_batch_generator(lambda: iter([(np.zeros((2, 3)),)]))
     with pytest.raises(DataError, match=r"batch 0 of the batch generator has 1 values but feed_list has 2"):
         list(batch_loader())
+
+
+def test_non_iterable_loaders_feed_runs_without_a_feed_until_eof_exception():
+    """Paddle's start / reset loop, with DataLoader.from_generator(iterable=False) and
+    fluid.io.PyReader: the same losses as feeding the batches, EOFException at the end,
+    reset() and start() read the data again."""
+    main, startup, _, loss = _model()
+    x, ids, y = (main.global_block().vars[n] for n in ("x", "ids", "y"))
+    samples = [([0.1 * i, 0.2, 0.3], [i % 7, 3], [i % 2]) for i in range(12)]
+    exe = fluid.Executor()
+
+    def losses(make):
+        with fluid.scope_guard(fluid.Scope()):
+            exe.run(startup)
+            return make()
+
+    fed_loader = fluid.io.DataLoader.from_generator(feed_list=[x, ids, y])
+    fed_loader.set_sample_generator(lambda: iter(samples), batch_size=4)
+    fed = losses(lambda: [float(exe.run(main, feed=d, fetch_list=[loss])[0][0]) for d in fed_loader()])
+    for loader in (fluid.io.DataLoader.from_generator(feed_list=[x, ids, y], capacity=4, iterable=False),
+                   fluid.io.PyReader(feed_list=[x, ids, y], capacity=4, iterable=False)):
+        if isinstance(loader, fluid.io.PyReader):
+            loader.decorate_sample_list_generator(lambda: (samples[i:i + 4] for i in range(0, 12, 4)))
+        else:
+            loader.set_sample_generator(lambda: iter(samples), batch_size=4)
+
+        def loop():
+            got = []
+            for _ in range(2):  # two epochs: reset() then start() reads it again
+                loader.start()
+                try:
+                    while True:
+                        got.append(float(exe.run(main, fetch_list=[loss])[0][0]))
+                except fluid.core.EOFException:
+                    loader.reset()
+            return got
+
+        got = losses(loop)
+        assert len(got) == 6 and got[:3] == fed  # the first epoch's losses are the fed loop's
+        with pytest.raises(ConfigError, match="iterable=False: call start\\(\\), run the program without a feed"):
+            loader()
+    with pytest.raises(ConfigError, match="start\\(\\) is for a loader made with iterable=False"):
+        fed_loader.start()
+    twice = fluid.io.PyReader(feed_list=[x, ids, y], iterable=False)
+    twice.decorate_sample_generator(lambda: iter(samples), batch_size=4)
+    twice.start()
+    with pytest.raises(ConfigError, match="this loader was started already; call reset\\(\\)"):
+        twice.start()
+    twice.reset()
+    with fluid.scope_guard(fluid.Scope()):
+        exe.run(startup)
+        with pytest.raises(ConfigError, match="was not fed; pass it in feed=") as missing:  # not started
+            exe.run(main, fetch_list=[loss])
+        assert not isinstance(missing.value, fluid.core.EOFException)
+    with pytest.raises(AttributeError, match="fleet.fluid.core has no attribute 'Scope': fleet has no C\\+\\+ core"):
+        fluid.core.Scope
 
 
 def test_fluid_one_hot_appends_depth_and_keeps_sequences():

@@ -7,8 +7,9 @@ and with SAVE_MODEL=1 saves an inference model and checks that its __model__ par
 
 Only the imports differ from Paddle's script (``import fleet.fluid as fluid``); with
 SAVE_DIRNAME set the first worker also saves the persistables there (Paddle 2.0's version
-of the script does), for the test to evaluate. Paddle's PyReader mode (fluid.io.PyReader
-with a CompiledProgram) is not here: fleet has no PyReader (docs/porting.md).
+of the script does), for the test to evaluate. Paddle's PyReader mode is not here: it
+batches with ``paddle.batch`` and reports through ``FleetUtil``, which fleet does not have
+(fleet's ``fluid.io.PyReader`` itself is tested in tests/unit/test_fluid.py).
 """
 from __future__ import print_function
 
