@@ -91,7 +91,7 @@ def _astype(self, dtype):
 
 def _getitem(self, item):
     """x[i, a:b, ...]: a ``slice`` op; int indices drop their dim (Paddle's decrease_axis)."""
-    from fleet.layers.shape import _slice
+    from fleet.layers.shapes import _slice
 
     items = item if isinstance(item, tuple) else (item,)
     if sum(i is Ellipsis for i in items) > 1:
