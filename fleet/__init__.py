@@ -58,6 +58,8 @@ _EXPORTS = {
     "CountFilterEntry": "fleet.entries",
     "ProbabilityEntry": "fleet.entries",
     "ShowClickEntry": "fleet.entries",
+    "util": "fleet.fleet_util",
+    "FleetUtil": "fleet.fleet_util",
 }
 
 _SUBMODULES = {"layers", "optimizer", "initializer", "errors", "data_generator", "framework",
