@@ -17,7 +17,7 @@ def test_fleet_util_reports_over_both_workers(fleetrun, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     got = [dict(np.load(tmp_path / f"worker{i}.npz")) for i in range(2)]
     expected = auc_of_buckets(got[0]["pos"] + got[1]["pos"], got[0]["neg"] + got[1]["neg"])
-    assert 0.5 < expected < 1.0  # a model that learned a little, on both workers' examples
+    assert 0.0 < expected < 1.0 and all(g["pos"].any() and g["neg"].any() for g in got)  # both classes, both workers
     for i, g in enumerate(got):
         assert float(g["global_auc"]) == expected
         assert g["total"].tolist() == [11] and g["most"].tolist() == [1.0]  # 5 + 6 batches; max of ranks 0, 1
