@@ -93,6 +93,14 @@ def _collective(ctx, what):
     return comm
 
 
+def _join(comm, where):
+    """Joins the workers' group at ``where`` if the runtime lets this op do it (a collective
+    worker whose script did not call fleet.init_worker(): ``join_implicitly``)."""
+    join = getattr(comm, "join_implicitly", None)
+    if not comm.running and join is not None:
+        join(where)
+
+
 @register_op
 class AllReduceGrads(OpDef):
     """Replaces the step's gradients by their mean over the workers (before the optimizer
@@ -102,8 +110,7 @@ class AllReduceGrads(OpDef):
 
     def forward(self, ctx):
         comm = _collective(ctx, "c_allreduce_grads")
-        if not comm.running and getattr(comm, "join_implicitly", None) is not None:
-            comm.join_implicitly("its first training step")
+        _join(comm, "its first training step")
         if not comm.running:
             raise ConfigError("this worker is not connected to the other workers: call fleet.init_worker() "
                               "before running fleet.main_program")
@@ -123,6 +130,5 @@ class BroadcastParams(OpDef):
 
     def forward(self, ctx):
         comm = _collective(ctx, "c_broadcast_params")
-        if not comm.running and getattr(comm, "join_implicitly", None) is not None:
-            comm.join_implicitly("the startup program")
+        _join(comm, "the startup program")
         comm.broadcast_params(ctx.scope, ctx.attrs["names"])

@@ -326,8 +326,6 @@ class InMemoryDataset(DatasetBase):
         self._loading_files = self._loaded_files = []
         self._fea_eval_size = None  # set_fea_eval's record_candidate_size, None: off
         self._before_slots_shuffle = None  # the examples as loaded or shuffled, for slots_shuffle
-        self._fleet_send_batch_size = None
-        self._fleet_send_sleep_seconds = 0
 
     def set_fea_eval(self, record_candidate_size, fea_eval=True):
         """Turns on (or off) Paddle's feature evaluation: ``slots_shuffle`` then shuffles
@@ -385,7 +383,7 @@ class InMemoryDataset(DatasetBase):
         Raises:
             ConfigError: not a positive int.
         """
-        self._fleet_send_batch_size = _positive_int(fleet_send_batch_size, "fleet_send_batch_size")
+        _positive_int(fleet_send_batch_size, "fleet_send_batch_size")
 
     def set_fleet_send_sleep_seconds(self, fleet_send_sleep_seconds=0):
         """Paddle's pause between global_shuffle's messages; accepted for compatibility
@@ -397,7 +395,6 @@ class InMemoryDataset(DatasetBase):
         if isinstance(fleet_send_sleep_seconds, bool) or not isinstance(fleet_send_sleep_seconds, int) \
                 or fleet_send_sleep_seconds < 0:
             raise ConfigError(f"fleet_send_sleep_seconds must be an int >= 0, got {fleet_send_sleep_seconds!r}")
-        self._fleet_send_sleep_seconds = fleet_send_sleep_seconds
 
     def set_parse_ins_id(self, parse_ins_id):
         """Paddle's instance ids at the start of each line: fleet's MultiSlot lines have

@@ -149,9 +149,8 @@ class InputStream:
         try:
             if source is not None:
                 self._source_stderr = tempfile.TemporaryFile()
-                self._source_proc = self._start(source, subprocess.DEVNULL, self._source_stderr, "source command")
-                if on_spawn is not None:
-                    on_spawn(self._source_proc)
+                self._source_proc = self._start(source, subprocess.DEVNULL, self._source_stderr, "source command",
+                                                on_spawn)
                 self._stdin = self._source_proc.stdout
             if pipe_command is None:
                 self._stream = self._stdin if self._stdin is not None else open(path, "rb", buffering=0)
@@ -159,20 +158,21 @@ class InputStream:
             if self._stdin is None:
                 self._stdin = open(path, "rb")
             self._stderr = tempfile.TemporaryFile()
-            self._proc = self._start(pipe_command, self._stdin, self._stderr, "pipe command")
+            self._proc = self._start(pipe_command, self._stdin, self._stderr, "pipe command", on_spawn)
         except BaseException:
             self.close()
             raise
         self._stream = self._proc.stdout
-        if on_spawn is not None:
-            on_spawn(self._proc)
 
-    def _start(self, command, stdin, stderr, what):
+    def _start(self, command, stdin, stderr, what, on_spawn):
         try:
-            return subprocess.Popen(["sh", "-c", command], stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
+            proc = subprocess.Popen(["sh", "-c", command], stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
                                     bufsize=0, start_new_session=True, env=pipe_environment())
         except OSError as e:
             raise DataError(f"{what} {command!r} could not start for file {self.path!r}: {e}") from e
+        if on_spawn is not None:
+            on_spawn(proc)
+        return proc
 
     @property
     def procs(self):
@@ -220,7 +220,7 @@ class InputStream:
 
     def close(self):
         """Closes the input; kills its commands if they still run. Never blocks long."""
-        procs = [p for p in (self._proc, self._source_proc) if p is not None]
+        procs = self.procs
         for proc in procs:
             if proc.poll() is None:
                 kill_process_group(proc)

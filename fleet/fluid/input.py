@@ -1,12 +1,8 @@
 """Paddle 1.8's ``fluid.data``, ``fluid.embedding`` and ``fluid.one_hot`` (``fluid.input``),
 which differ from ``fluid.layers.data`` / ``fluid.layers.embedding`` in the shapes they
-give. ``one_hot_v2`` is an op of this layer (registered on import)."""
-import numpy as np
-
+give. Their ``one_hot_v2`` op is in ``fleet.framework.ops.tensor_ops``."""
 from fleet import layers
-from fleet.errors import ConfigError, DataError
-from fleet.framework.lod import ROWWISE
-from fleet.framework.registry import OpDef, register_op
+from fleet.errors import ConfigError
 from fleet.layers.helper import append_op, check_var, create_tmp
 
 
@@ -37,26 +33,6 @@ def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=No
     if len(input.shape) > 1 and input.shape[-1] == 1:
         out = layers.unsqueeze(out, axes=[len(out.shape) - 1])
     return out
-
-
-@register_op
-class OneHotV2(OpDef):
-    """Out[..., k] = 1.0 where the id is k (Paddle's ``one_hot_v2``); no gradient."""
-
-    type = "one_hot_v2"
-    lod = ROWWISE
-
-    def forward(self, ctx):
-        ids = np.asarray(ctx.input("X"), dtype=np.int64)
-        depth = int(ctx.attrs["depth"])
-        bad = (ids < 0) | (ids >= depth)
-        if bad.any() and not ctx.attrs.get("allow_out_of_range"):
-            raise DataError(f"one_hot {ctx.input_name('X')!r}: id {int(ids[bad][0])} is outside [0, {depth}); "
-                            f"pass allow_out_of_range=True for zero rows, or a larger depth")
-        out = np.zeros(ids.shape + (depth,), dtype=np.float32)
-        hits = np.nonzero(~bad)
-        out[hits + (ids[~bad],)] = 1.0
-        ctx.set_output("Out", out)
 
 
 def one_hot(input, depth, allow_out_of_range=False):

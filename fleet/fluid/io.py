@@ -23,7 +23,6 @@ from fleet.framework.compiler import check_cpu_places
 from fleet.framework.executor import Executor, start_reader, stop_reader
 from fleet.framework.program import Parameter, Program, Variable, default_main_program
 from fleet.framework.scope import global_scope
-from fleet.fluid import input as _input_ops  # noqa: F401  (a saved program may hold one_hot_v2)
 
 __all__ = ["save_vars", "save_params", "save_persistables", "load_vars", "load_params",
            "load_persistables", "save_inference_model", "load_inference_model", "is_parameter",
@@ -317,7 +316,8 @@ class GeneratorLoader:
         next batch (and raises fluid.core.EOFException after the last).
 
         Raises:
-            ConfigError: the loader is iterable, has no data, or was started and not reset.
+            ConfigError: the loader is iterable, or was started and not reset. (One
+                without data fails at the first run that reads it.)
         """
         if self._iterable:
             raise ConfigError("start() is for a loader made with iterable=False; iterate this one: for data in "
@@ -335,9 +335,8 @@ class GeneratorLoader:
         stop_reader(self)
         with self._lock:
             running, self._running = self._running, None
-        close = getattr(running, "close", None)
-        if close is not None:
-            close()
+        if running is not None:
+            running.close()  # the generator of items
 
     def next_feed(self):
         """The next item of a started loader (one dict, or one per place).

@@ -63,11 +63,13 @@ def stop_reader(reader):
 
 def _next_from_reader(program):
     inner = getattr(program, "program", program)  # a CompiledProgram's
-    block = inner.global_block() if isinstance(inner, Program) else None
+    if not isinstance(inner, Program):
+        return None
+    names = inner.global_block().vars
     with _readers_lock:
         readers = list(reversed(_started_readers))
     for reader in readers:
-        if block is not None and all(name in block.vars for name in reader.feed_names):
+        if all(name in names for name in reader.feed_names):
             return reader.next_feed()
     return None
 

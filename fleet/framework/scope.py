@@ -82,32 +82,32 @@ class Scope:
             self.trained_examples += int(examples)
             self.trained_steps += 1
 
-    def value(self, name):
-        """Returns the value of ``name`` here or in an ancestor (the live object), or None."""
+    def _lookup(self, name):
+        """(the scope holding a value of ``name``, here or in an ancestor, and the value),
+        or (None, None)."""
         scope = self
         while scope is not None:
             value = scope.vars.get(name)
             if value is not None:
-                return value
+                return scope, value
             scope = scope.parent
-        return None
+        return None, None
+
+    def value(self, name):
+        """Returns the value of ``name`` here or in an ancestor (the live object), or None."""
+        return self._lookup(name)[1]
 
     def find_var(self, name):
         """Paddle's ``Scope.find_var``: the value of ``name`` here or in an ancestor, or
         None. An array comes as a :class:`ScopeTensor`, a view of the live array (write
         into it to change the variable) with Paddle's ``get_tensor()``, ``set()`` and
         ``_get_dims()``; other values (SparseRows, LoDTensor) as they are."""
-        scope = self
-        while scope is not None:
-            value = scope.vars.get(name)
-            if value is not None:
-                if type(value) is not np.ndarray:
-                    return value
-                view = value.view(ScopeTensor)
-                view._owner, view._name = scope, name
-                return view
-            scope = scope.parent
-        return None
+        scope, value = self._lookup(name)
+        if type(value) is not np.ndarray:
+            return value
+        view = value.view(ScopeTensor)
+        view._owner, view._name = scope, name
+        return view
 
     def var(self, name):
         """Paddle's ``Scope.var``: ``find_var(name)``, creating the variable here first (an

@@ -125,7 +125,7 @@ def l2_normalize(x, axis, epsilon=1e-12, name=None):
     dimension: rows of a [N, D] input)."""
     check_var(x, "x", "l2_normalize")
     rank = len(x.shape)
-    if isinstance(axis, bool) or not isinstance(axis, int) or axis % rank != rank - 1 if rank else True:
+    if not rank or isinstance(axis, bool) or not isinstance(axis, int) or axis % rank != rank - 1:
         raise ConfigError(f"l2_normalize: axis={axis!r}: fleet normalizes along the last dimension of "
                           f"{x.name!r} {tuple(x.shape)} (axis -1 or {rank - 1})")
     return elementwise_div(x, _norm(x, epsilon), axis=0)

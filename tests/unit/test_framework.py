@@ -12,13 +12,7 @@ from fleet.initializer import Uniform
 from fleet.param_attr import ParamAttr
 
 
-@pytest.fixture(autouse=True)
-def fresh_programs():
-    """Every test starts from new default programs, names and global scope."""
-    fw.reset_default_programs()
-    with fw.scope_guard(fw.Scope()):
-        yield
-    fw.reset_default_programs()
+pytestmark = pytest.mark.usefixtures("fresh_programs")  # every test: new programs, names, scope
 
 
 def _model(opt=None, table_rows=10):

@@ -15,12 +15,7 @@ X = np.array([[1, 5, 2, 0], [3, -1, 3, 9], [-2, 0.5, 4, 1]], np.float32)
 Y = np.array([[1, 1, 1, 1], [0, 2, 0, 1], [1, -1, 2, 0.5]], np.float32)
 
 
-@pytest.fixture(autouse=True)
-def fresh_programs():
-    fw.reset_default_programs()
-    with fw.scope_guard(fw.Scope()):
-        yield
-    fw.reset_default_programs()
+pytestmark = pytest.mark.usefixtures("fresh_programs")  # tests/unit/conftest.py
 
 
 def _run(outs, feed):

@@ -1,5 +1,5 @@
-"""Small tensor ops without a gradient: shape, arg_max / arg_min, fill_any_like and
-Paddle 1.x's one_hot (ids [..., 1] -> [..., depth])."""
+"""Small tensor ops without a gradient: shape, arg_max / arg_min, fill_any_like, Paddle
+1.x's one_hot (ids [..., 1] -> [..., depth]) and one_hot_v2 (depth appended)."""
 import numpy as np
 
 from fleet.errors import DataError
@@ -69,6 +69,19 @@ class FillAnyLike(OpDef):
         ctx.set_output("Out", np.full(x.shape, ctx.attrs["value"], dtype=NP[ctx.attrs["dtype"]]))
 
 
+def _one_hot(ctx, ids):
+    """float32 one-hot rows of ``ids`` with ``depth`` appended (the attrs of ``ctx``)."""
+    depth = int(ctx.attrs["depth"])
+    bad = (ids < 0) | (ids >= depth)
+    if bad.any() and not ctx.attrs.get("allow_out_of_range"):
+        raise DataError(f"one_hot {ctx.input_name('X')!r}: id {int(ids[bad][0])} is outside [0, {depth}); "
+                        f"pass allow_out_of_range=True for zero rows, or a larger depth")
+    out = np.zeros(ids.shape + (depth,), dtype=np.float32)
+    hits = np.nonzero(~bad)
+    out[hits + (ids[~bad],)] = 1.0
+    ctx.set_output("Out", out)
+
+
 @register_op
 class OneHot(OpDef):
     """Paddle 1.x's one_hot: ids [..., 1] int64 -> float32 [..., depth], 1.0 at the id.
@@ -81,12 +94,16 @@ class OneHot(OpDef):
         ids = np.asarray(ctx.input("X"), dtype=np.int64)
         if ids.ndim > 1:  # [..., 1]; the rows of a lod_level=1 input come flat
             ids = ids.reshape(ids.shape[:-1])
-        depth = int(ctx.attrs["depth"])
-        bad = (ids < 0) | (ids >= depth)
-        if bad.any() and not ctx.attrs.get("allow_out_of_range"):
-            raise DataError(f"one_hot {ctx.input_name('X')!r}: id {int(ids[bad][0])} is outside [0, {depth}); "
-                            f"pass allow_out_of_range=True for zero rows, or a larger depth")
-        out = np.zeros(ids.shape + (depth,), dtype=np.float32)
-        hits = np.nonzero(~bad)
-        out[hits + (ids[~bad],)] = 1.0
-        ctx.set_output("Out", out)
+        _one_hot(ctx, ids)
+
+
+@register_op
+class OneHotV2(OpDef):
+    """Out[..., k] = 1.0 where the id is k (Paddle 1.8's ``one_hot_v2``: ``depth`` appended
+    to the ids' shape); no gradient."""
+
+    type = "one_hot_v2"
+    lod = lod.ROWWISE
+
+    def forward(self, ctx):
+        _one_hot(ctx, np.asarray(ctx.input("X"), dtype=np.int64))
